@@ -1,0 +1,30 @@
+from collections import Counter
+
+from specterbench import Strategy
+
+
+class LRU(Strategy):
+    """Per-layer least-recently-used caches, as in mixtral-offloading.
+
+    The cache's slots are split evenly across MoE layers (the remainder going to the first layers); a miss in a
+    layer that is at its quota evicts that layer's least recently used expert.
+    """
+
+    name = "lru"
+    version = "1"
+    description = "per-layer LRU expert cache (mixtral-offloading)"
+
+    def attach(self, engine):
+        super().attach(engine)
+        slots = engine.cache.capacity_bytes // engine.expert_bytes
+        base, extra = divmod(slots, engine.num_layers)
+        self.quota = [base + (1 if layer < extra else 0) for layer in range(engine.num_layers)]
+
+    def choose_victim(self, candidates, needed):
+        held = Counter(layer for layer, _ in self.engine.cache.keys())
+        if needed is not None and held[needed[0]] >= self.quota[needed[0]]:
+            same = [k for k in candidates if k[0] == needed[0]]
+            if same:
+                return same[0]
+        over = [k for k in candidates if held[k[0]] > self.quota[k[0]]]
+        return (over or candidates)[0]

@@ -1,0 +1,169 @@
+"""Command line: ``specterbench list | run | report``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .errors import SpecterbenchError, UsageError
+from .plugins import get_host
+
+
+def _csv(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def cmd_list(args) -> int:
+    host = get_host()
+    data = {}
+    for kind, reg in (("strategies", host.strategies()), ("models", host.models()), ("profiles", host.profiles())):
+        data[kind] = []
+        for name in reg.names():
+            entry = reg.entry(name)
+            obj = entry.obj
+            desc = getattr(obj, "description", "") or getattr(obj, "accelerator", "")
+            data[kind].append({"name": name, "plugin": entry.plugin.name,
+                               "distribution": f"{entry.plugin.distribution} {entry.plugin.version}",
+                               "description": desc})
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    for kind, items in data.items():
+        print(f"{kind}:")
+        width = max(len(i["name"]) for i in items) if items else 0
+        for i in items:
+            print(f"  {i['name']:<{width}}  [{i['plugin']} · {i['distribution']}]  {i['description']}")
+    return 0
+
+
+def _options(pairs: list[str]) -> dict:
+    out: dict = {}
+    for pair in pairs or []:
+        if "=" not in pair or "." not in pair.split("=", 1)[0]:
+            raise UsageError(f"malformed --set {pair!r}; write STRATEGY.OPTION=VALUE, e.g. specter.k=4")
+        lhs, value = pair.split("=", 1)
+        strategy, option = lhs.split(".", 1)
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        out.setdefault(strategy, {})[option] = parsed
+    return out
+
+
+def cmd_run(args) -> int:
+    from .report import render_markdown, write_summary
+    from .runner import BenchConfig, Runner, parse_budget
+
+    host = get_host()
+    if args.tokens <= 0:
+        raise UsageError(f"TOKENS must be a positive number of new tokens, got {args.tokens}")
+    strategies = host.strategies().names() if args.strategies in ("all", "") else _csv(args.strategies)
+    config = BenchConfig(
+        models=_csv(args.model), strategies=tuple(strategies),
+        budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile, clock=args.clock,
+        workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
+        device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set))
+    config.validate(host)
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not run_dir.is_dir():
+            raise UsageError(f"--resume {run_dir}: no such run folder")
+    else:
+        run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + config.models[0]
+        run_dir = Path(args.out) / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
+    runner = Runner(host, config, run_dir, resume=bool(args.resume), progress=progress)
+    host.pm.hook.specterbench_run_start(run_dir=run_dir, specs=config)
+    interrupted = False
+    try:
+        runner.run()
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=runner.rows)
+    rows_path = run_dir / "rows.jsonl"
+    if rows_path.exists():
+        summary = write_summary(run_dir)
+        from .results import read_rows
+
+        print(render_markdown(read_rows(rows_path)), end="")
+        print(f"rows: {rows_path}\nsummary: {summary}")
+    if interrupted:
+        print(f"specterbench: interrupted; {len(runner.rows)} finished rows kept in {run_dir}; continue with "
+              f"--resume {run_dir}", file=sys.stderr)
+        return 130
+    failed = [r for r in runner.rows if r.status != "ok"]
+    if failed:
+        print(f"specterbench: {len(failed)} row(s) failed: " +
+              "; ".join(f"{r.strategy}@{r.budget_fraction:.0%}: {r.error}" for r in failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_report(args) -> int:
+    from .report import render_markdown, write_summary
+    from .results import read_rows
+
+    rows = read_rows(Path(args.run_dir), on_error=args.on_error)
+    path = write_summary(Path(args.run_dir), rows)
+    print(render_markdown(rows), end="")
+    print(f"summary: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specterbench", description="Benchmark MoE expert-offloading strategies.")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("list", help="strategies, models and profiles, with the plugin each comes from")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_list)
+
+    s = sub.add_parser("run", help="run strategies side by side and write results/<run-id>/")
+    s.add_argument("--model", default="tiny-random-mixtral", help="model name(s), comma-separated")
+    s.add_argument("--strategies", default="all", help="comma-separated names, or 'all'")
+    s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
+    s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")
+    s.add_argument("--clock", default="modeled", choices=("modeled", "measured"))
+    s.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
+    s.add_argument("--prompts", type=int, default=8, help="prompts from the workload")
+    s.add_argument("--workload", default="shakespeare-heldout-v1")
+    s.add_argument("--repeats", type=int, default=1)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--threads", type=int, default=1, help="torch host threads (default 1)")
+    s.add_argument("--set", action="append", metavar="STRATEGY.OPTION=VALUE", help="strategy option")
+    s.add_argument("--out", default="results")
+    s.add_argument("--run-id")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue a run, skipping finished cells")
+    s.add_argument("--no-warmup", action="store_true")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("report", help="rewrite summary.md of a run and print its table")
+    s.add_argument("run_dir")
+    s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
+    s.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecterbenchError as err:
+        if args.debug:
+            raise
+        print(f"specterbench: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Hook specifications: everything a plugin can tell specterbench or hear from it.
+
+Write a plugin as a module (or object) with functions named like these specs, decorated with
+``from specterbench import hookimpl``, and declare it in your package's ``pyproject.toml``::
+
+    [project.entry-points.specterbench]
+    my_plugin = "my_package.plugin"
+
+Hooks only register things and observe the run's lifecycle. Per-layer and per-token decisions go straight to
+the :class:`specterbench.Strategy` object a plugin registers, never through these hooks. All hooks are called
+with keyword arguments; every implementation is called (no first-result-wins hooks) unless a spec says so.
+"""
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("specterbench")
+
+# ---- registration ------------------------------------------------------------------------------------
+
+
+@hookspec
+def specterbench_register_strategies(register):
+    """Register offload strategies.
+
+    Called once, when the plugin host first needs the strategy registry.
+
+    :param register: call ``register(cls)`` with a :class:`specterbench.Strategy` subclass whose ``name`` is
+        unique; a duplicate name is refused with the name of the plugin that registered it first.
+    :return: ignored.
+    """
+
+
+@hookspec
+def specterbench_register_models(register):
+    """Register models that ``--model NAME`` resolves.
+
+    Called once, when the plugin host first needs the model registry.
+
+    :param register: call ``register(spec)`` with a :class:`specterbench.models.ModelSpec` whose ``load()``
+        returns ``(model, tokenizer)`` from local files only (nothing may download at run time).
+    :return: ignored.
+    """
+
+
+@hookspec
+def specterbench_register_profiles(register):
+    """Register hardware profiles for the modeled clock.
+
+    Called once, when the plugin host first needs the profile registry.
+
+    :param register: call ``register(profile)`` with a :class:`specterbench.profiles.HardwareProfile`; every
+        figure in it should cite its source in ``sources``.
+    :return: ignored.
+    """
+
+
+# ---- run lifecycle -----------------------------------------------------------------------------------
+
+
+@hookspec
+def specterbench_run_start(run_dir, specs):
+    """A benchmark run is about to start.
+
+    :param run_dir: ``pathlib.Path`` of the run's output folder (``rows.jsonl`` is appended there).
+    :param specs: list of :class:`specterbench.runner.CellSpec`, one per (model, strategy, budget, repeat).
+    :return: ignored.
+    """
+
+
+@hookspec
+def specterbench_row_written(row):
+    """A result row was appended (and fsynced) to ``rows.jsonl``; it may be an error row.
+
+    :param row: the :class:`specterbench.results.ResultRow`.
+    :return: ignored.
+    """
+
+
+@hookspec
+def specterbench_run_end(run_dir, rows):
+    """A benchmark run finished (also after Ctrl-C, with the rows finished so far).
+
+    :param run_dir: ``pathlib.Path`` of the run's output folder.
+    :param rows: list of :class:`specterbench.results.ResultRow` written by this invocation.
+    :return: ignored.
+    """
+
+
+# ---- measurement -------------------------------------------------------------------------------------
+
+
+@hookspec
+def specterbench_environment():
+    """Contribute environment metadata recorded with every run (GPU, driver, link, library versions).
+
+    Called once per run.
+
+    :return: a ``dict`` of JSON-serialisable values, merged into the run's environment; later plugins cannot
+        overwrite keys set earlier (a clash is reported in the environment under ``conflicts``).
+    """

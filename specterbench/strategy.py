@@ -1,0 +1,123 @@
+"""The offload strategy contract.
+
+A strategy is a plain object the engine calls directly on the hot path (never through pluggy). It sees
+routing decisions and may reshape the device cache through the engine:
+
+- ``engine.cache``                 what is cached (``keys()`` least recently used first, ``free_bytes``)
+- ``engine.prefetch(key, prio)``   queue an asynchronous copy of one expert; higher ``prio`` goes first
+- ``engine.evict(key)``            drop a cached expert (cancelling its copy if it has not started)
+- ``engine.make_room(nbytes, protect)``  evict by :meth:`Strategy.choose_victim` until ``nbytes`` fit
+- ``engine.clock.now()``           the clock's time; ``engine.expected_arrival(key)`` when a copy lands
+- ``engine.forward(ids, kv)``      a forward pass of the target (or of a draft, see Specter) for
+                                   strategies that drive their own decoding by overriding :meth:`generate`
+
+Decision points, in the order the engine calls them:
+``attach`` (once per benchmark cell) → per request ``on_request_start`` → per forward ``on_step_start`` →
+per MoE layer ``before_layer`` → ``on_miss`` for each expert not cached → ``choose_victim`` when room is
+needed → ``after_layer`` → ``on_step_end``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+from .cache import ExpertKey
+from .errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Engine
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One prompt to decode. ``reference_*`` come from the recorded resident run (for oracles and checks)."""
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    reference_tokens: tuple[int, ...] | None = None
+    reference_trace: tuple[tuple[int, tuple[int, ...]], ...] | None = None  # (moe_layer, experts) per layer call
+
+
+@dataclass(slots=True)
+class StrategyMetrics:
+    """Strategy-specific numbers added to the result row under ``extra`` (name → value, with direction)."""
+
+    values: dict[str, float] = field(default_factory=dict)
+
+
+class Strategy:
+    """Base class: subclasses set ``name`` and ``version`` and override the decision points they need.
+
+    The defaults are a complete, valid strategy: fetch on miss, evict the least recently used expert.
+    """
+
+    name: ClassVar[str] = ""
+    version: ClassVar[str] = "0"
+    description: ClassVar[str] = ""
+    lossless: ClassVar[bool] = True  # False: the runner reports token agreement instead of failing the row
+    fixed_budget_fraction: ClassVar[float | None] = None  # e.g. resident: reported once at 1.0
+    uses_calibration: ClassVar[bool] = False  # receives ``calibration_counts`` in :meth:`prepare`
+    uses_reference_trace: ClassVar[bool] = False  # needs Request.reference_trace (oracles)
+
+    def __init__(self, **options):
+        unknown = set(options) - set(self.option_names())
+        if unknown:
+            raise UsageError(
+                f"strategy {self.name!r} has no option(s) {', '.join(sorted(unknown))}; "
+                f"it accepts: {', '.join(self.option_names()) or 'none'}")
+        self.options = options
+        self.engine: Engine | None = None
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return ()
+
+    # ---- setup -------------------------------------------------------------------------------------
+    def device_bytes(self, engine: "Engine") -> int:
+        """Bytes the strategy keeps on the device outside the expert cache (a draft, buffers). Charged to the
+        budget: the cache gets ``budget - device_bytes``."""
+        return 0
+
+    def min_cache_bytes(self, engine: "Engine") -> int:
+        """The smallest expert cache this strategy can work with; below it the run is refused."""
+        return engine.min_budget_bytes()
+
+    def prepare(self, engine: "Engine", calibration_counts=None) -> None:
+        """Once per cell after the cache exists; ``calibration_counts`` is a [moe_layers, experts] tensor of
+        routed-token counts on the calibration workload when ``uses_calibration`` is set."""
+
+    def attach(self, engine: "Engine") -> None:
+        self.engine = engine
+
+    # ---- per request / step / layer (hot path) -----------------------------------------------------
+    def on_request_start(self, request: Request) -> None:
+        pass
+
+    def on_step_start(self, n_tokens: int) -> None:
+        pass
+
+    def before_layer(self, layer: int, experts: Sequence[int], tokens_per_expert: Sequence[int]) -> None:
+        pass
+
+    def on_miss(self, key: ExpertKey) -> None:
+        pass
+
+    def choose_victim(self, candidates: Sequence[ExpertKey], needed: ExpertKey | None) -> ExpertKey:
+        """Pick one of ``candidates`` (least recently used first) to evict to make room for ``needed``."""
+        return candidates[0]
+
+    def after_layer(self, layer: int, experts: Sequence[int]) -> None:
+        pass
+
+    def on_step_end(self, new_tokens: Sequence[int]) -> None:
+        pass
+
+    def generate(self, engine: "Engine", request: Request) -> list[int]:
+        """Greedy decoding, one token per forward. Speculative strategies override this."""
+        return engine.greedy_decode(request)
+
+    def metrics(self) -> dict[str, float]:
+        """Strategy-specific metrics for the finished cell (added to the row's ``extra``)."""
+        return {}
