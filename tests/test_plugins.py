@@ -1,0 +1,153 @@
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from specterbench import Strategy, hookimpl
+from specterbench.errors import PluginError, UsageError
+from specterbench.plugins import BLOCK_ENV, DISABLE_ENV
+
+BIN = Path(sys.executable).parent
+
+
+def make_dist(root: Path, dist: str, module: str, source: str, ep_name: str) -> Path:
+    """A real installed distribution: a module plus a .dist-info with an entry_points.txt, found on sys.path."""
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist.replace('-', '_')}-0.3.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text(f"[specterbench]\n{ep_name} = {module}\n")
+    return root
+
+
+LFU_PLUGIN = """
+    from collections import Counter
+    from specterbench import Strategy, hookimpl
+
+    class LFU(Strategy):
+        name = "thirdparty-lfu"
+        version = "0.3"
+        description = "least frequently used (third-party test plugin)"
+
+        def on_request_start(self, request):
+            self.freq = Counter()
+
+        def before_layer(self, layer, experts, n):
+            self.freq.update((layer, e) for e in experts)
+
+        def choose_victim(self, candidates, needed):
+            return min(candidates, key=lambda k: self.freq[k])
+
+    @hookimpl
+    def specterbench_register_strategies(register):
+        register(LFU)
+"""
+
+
+@pytest.fixture
+def thirdparty(tmp_path, monkeypatch):
+    root = make_dist(tmp_path, "thirdparty-lfu", "thirdparty_lfu", LFU_PLUGIN, "lfu")
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+def test_builtins_come_through_the_real_entry_point_group(host):
+    assert host.plugins["baselines"].source == "entry point"
+    assert host.plugins["baselines"].distribution == "specterbench"
+    assert set(host.strategies().names()) >= {"on-demand", "lru", "static", "resident", "oracle"}
+
+
+def test_a_third_party_distribution_registers_through_its_entry_point(host, thirdparty):
+    entry = host.strategies().entry("thirdparty-lfu")
+    assert entry.plugin.distribution == "thirdparty-lfu" and entry.plugin.version == "0.3"
+
+
+def test_third_party_strategy_shows_in_list_and_runs_from_the_command_line(thirdparty, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(thirdparty)}
+    listing = subprocess.run([BIN / "specterbench", "list"], env=env, capture_output=True, text=True, check=True)
+    assert "thirdparty-lfu" in listing.stdout and "thirdparty-lfu 0.3" in listing.stdout
+    run = subprocess.run([BIN / "specterbench", "run", "--strategies", "thirdparty-lfu", "--prompts", "2",
+                          "--tokens", "4", "--out", str(tmp_path / "out"), "--run-id", "x", "--quiet"],
+                         env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "thirdparty-lfu" in run.stdout and "✓" in run.stdout
+
+
+def test_disabling_autoload_keeps_builtins_and_drops_third_party(host, thirdparty, monkeypatch):
+    monkeypatch.setenv(DISABLE_ENV, "1")
+    assert "thirdparty-lfu" not in host.strategies().names()
+    assert "lru" in host.strategies().names()
+    assert host.plugins["baselines"].source == "default"
+
+
+def test_blocked_plugins_are_not_loaded(host, thirdparty, monkeypatch):
+    monkeypatch.setenv(BLOCK_ENV, "lfu,baselines")
+    assert host.strategies().names() == []
+    assert "lfu" not in host.plugins
+
+
+def test_a_plugin_import_error_is_reraised_with_its_name(host, tmp_path, monkeypatch):
+    root = make_dist(tmp_path, "broken-plugin", "broken_plugin", "import does_not_exist\n", "broken")
+    monkeypatch.syspath_prepend(str(root))
+    with pytest.raises(PluginError, match="plugin 'broken'.*failed to import.*does_not_exist"):
+        host.strategies()
+
+
+def test_a_misspelled_hook_fails_loudly(host):
+    class Typo:
+        @hookimpl
+        def specterbench_register_strategy(self, register):  # missing 's'
+            pass
+
+    with pytest.raises(Exception, match="specterbench_register_strategy"):
+        host.register(Typo(), "typo")
+
+
+def test_a_duplicate_strategy_name_names_both_plugins(host):
+    class Dup(Strategy):
+        name = "lru"
+
+    class P:
+        @hookimpl
+        def specterbench_register_strategies(self, register):
+            register(Dup)
+
+    host.register(P(), "dup-plugin")
+    with pytest.raises(PluginError, match="registered twice.*baselines.*dup-plugin"):
+        host.strategies()
+
+
+def test_unknown_names_suggest_the_closest(host):
+    with pytest.raises(UsageError, match="did you mean 'lru'"):
+        host.strategies().get("lur")
+    with pytest.raises(UsageError, match="did you mean 'a100-40g-pcie4'"):
+        host.profiles().get("a100-40g")
+
+
+def test_register_then_unregister_restores_the_registry(host):
+    class Extra(Strategy):
+        name = "extra"
+
+    class P:
+        @hookimpl
+        def specterbench_register_strategies(self, register):
+            register(Extra)
+
+    host.register(P(), "extra-plugin")
+    assert "extra" in host.strategies().names()
+    host.unregister("extra-plugin")
+    assert "extra" not in host.strategies().names()
+
+
+def test_environment_merges_plugin_contributions(host):
+    class P:
+        @hookimpl
+        def specterbench_environment(self):
+            return {"my_gpu_counter": "fake"}
+
+    host.register(P(), "env-plugin")
+    env = host.environment()
+    assert env["my_gpu_counter"] == "fake" and env["packages"]["pluggy"]
