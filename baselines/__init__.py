@@ -3,12 +3,13 @@
 from specterbench import hookimpl
 
 from .lru import LRU
+from .next_layer_gate import NextLayerGate
 from .on_demand import OnDemand
 from .oracle import Oracle
 from .resident import Resident
 from .static import StaticPlacement
 
-STRATEGIES = (OnDemand, LRU, StaticPlacement, Resident, Oracle)
+STRATEGIES = (OnDemand, LRU, StaticPlacement, NextLayerGate, Resident, Oracle)
 
 
 @hookimpl

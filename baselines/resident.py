@@ -13,7 +13,7 @@ class Resident(Strategy):
     def min_cache_bytes(self, engine):
         return engine.total_expert_bytes
 
-    def prepare(self, engine, calibration_counts=None):
+    def prepare(self, engine, calibration=None):
         for layer in range(engine.num_layers):
             for e in range(engine.num_experts):
                 if not engine.prefetch((layer, e)):

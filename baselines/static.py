@@ -18,11 +18,10 @@ class StaticPlacement(Strategy):
     def min_cache_bytes(self, engine):
         return engine.min_budget_bytes()
 
-    def prepare(self, engine, calibration_counts=None):
+    def prepare(self, engine, calibration=None):
         slots = engine.cache.capacity_bytes // engine.expert_bytes
         n_pinned = max(0, slots - engine.top_k)
-        counts = calibration_counts if calibration_counts is not None else torch.zeros(
-            engine.num_layers, engine.num_experts)
+        counts = calibration.counts if calibration is not None else torch.zeros(engine.num_layers, engine.num_experts)
         order = torch.argsort(counts.flatten().float(), descending=True, stable=True)[:n_pinned].tolist()
         self.pinned = {divmod(i, engine.num_experts) for i in order}
         for key in sorted(self.pinned):

@@ -65,6 +65,7 @@ def cmd_run(args) -> int:
     config = BenchConfig(
         models=_csv(args.model), strategies=tuple(strategies),
         budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile, clock=args.clock,
+        geometry=args.geometry or None,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set))
     config.validate(host)
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--strategies", default="all", help="comma-separated names, or 'all'")
     s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
     s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")
+    s.add_argument("--geometry", default="", help="price the routing at a real model's sizes: mixtral, qwen-moe, "
+                   "deepseek-v2-lite, olmoe, phi-moe (a modeled projection)")
     s.add_argument("--clock", default="modeled", choices=("modeled", "measured"))
     s.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
     s.add_argument("--prompts", type=int, default=8, help="prompts from the workload")

@@ -114,6 +114,7 @@ class Engine:
         self.store = ExpertStore(blocks, store_dtype, pin=self.device.type == "cuda")
         for layer, block in enumerate(blocks):
             block.experts = OffloadedExperts(self, layer, block.experts.act_fn)
+        self.gates = [block.gate for block in blocks]  # routers, for strategies that predict ahead
         self.model.to(self.device)
         self.own_geometry = geometry_from_config(model.config, name, len(blocks))
         self.geometry = geometry or self.own_geometry
@@ -127,6 +128,7 @@ class Engine:
         self.recorder: RoutingRecorder | None = None
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
         self.samples: list[StepSample] = []
+        self.current_hidden: torch.Tensor | None = None  # the MoE input of the layer being run, [T, H]
         self._mark = (0.0, 0.0)
         self._fwd_tokens = 1
         self._fwd_context = 1
@@ -168,16 +170,24 @@ class Engine:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, kv, *, all_logits: bool = False) -> torch.Tensor:
-        """One forward pass over ``input_ids`` [1, T]; returns logits [T, V] (or [1, V] unless ``all_logits``)."""
+    def forward(self, input_ids: torch.Tensor, kv, *, all_logits: bool = False, experts=None) -> torch.Tensor:
+        """One forward pass over ``input_ids`` [1, T]; returns logits [T, V] (or [1, V] unless ``all_logits``).
+
+        ``experts``: a callable with the fused-experts signature plus the layer index, used instead of the
+        offloaded cache for this pass (a resident self-draft); the strategy is not consulted then.
+        """
         T = input_ids.shape[1]
         self._fwd_tokens = T
         self._fwd_context = kv.get_seq_length() + T
-        if self.expert_override is None:
+        self.expert_override = experts
+        if experts is None:
             self.strategy.on_step_start(T)
         self._charge_dense_layers(T)
-        out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
-                         logits_to_keep=0 if all_logits else 1)
+        try:
+            out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
+                             logits_to_keep=0 if all_logits else 1)
+        finally:
+            self.expert_override = None
         g = self.geometry
         self.clock.compute(2 * out.logits.shape[1] * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes, 2)
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
@@ -213,6 +223,13 @@ class Engine:
             self.strategy.on_step_end(tokens[-1:])
         return tokens
 
+    @staticmethod
+    def rollback(kv, keep_tokens: int) -> None:
+        """Crop a KV cache back to its first ``keep_tokens`` positions (after rejected speculative tokens)."""
+        drop = kv.get_seq_length() - keep_tokens
+        if drop > 0:
+            kv.crop(-drop)
+
     # ---- the MoE seam ------------------------------------------------------------------------------
     def _charge_dense_layers(self, T: int) -> None:
         g = self.geometry
@@ -223,14 +240,20 @@ class Engine:
         g, S = self.geometry, self._fwd_context
         params = g.layer_dense_params(moe)
         kv_bytes = 2 * S * g.kv_heads * g.head_dim * g.dtype_bytes
-        self.clock.compute(2 * T * params + 4 * T * S * g.heads * g.head_dim,
-                           params * g.dtype_bytes + kv_bytes, launches=8)
+        self.clock.compute(g.layer_scale * (2 * T * params + 4 * T * S * g.heads * g.head_dim),
+                           g.layer_scale * (params * g.dtype_bytes + kv_bytes), launches=round(8 * g.layer_scale))
+
+    def charge_expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> None:
+        """Modeled cost of one expert over ``n_tokens`` (``bytes_ratio`` < 1 for quantized copies)."""
+        g = self.geometry
+        self.clock.compute(g.layer_scale * 2 * n_tokens * g.expert_params,
+                           g.layer_scale * g.expert_bytes * bytes_ratio, launches=round(3 * g.layer_scale))
 
     def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):
-        if self.expert_override is not None:
-            return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         T = hidden.shape[0]
         self._charge_layer(T, moe=True)
+        if self.expert_override is not None:
+            return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
         experts = counts.nonzero().flatten().tolist()
         n_tokens = counts[experts].tolist()
@@ -238,6 +261,7 @@ class Engine:
             self.recorder.counts[layer] += counts.cpu()
             self.recorder.trace.append((layer, tuple(experts)))
         strategy, cache, clock, stats = self.strategy, self.cache, self.clock, self.stats
+        self.current_hidden = hidden
         strategy.before_layer(layer, experts, n_tokens)
 
         keys = [(layer, e) for e in experts]
@@ -253,7 +277,6 @@ class Engine:
         # compute what has landed first, then in order of arrival; misses that found no room come last
         order = sorted(keys, key=lambda k: self._arrival(k))
         outputs = {}
-        g = self.geometry
         for key in order:
             slot = self._acquire(key, pending)
             cache.in_use = key
@@ -263,7 +286,7 @@ class Engine:
             gate, up = F.linear(hidden[token_idx], gate_up).chunk(2, dim=-1)
             y = F.linear(act_fn(gate) * up, down) * top_k_weights[token_idx, pos, None]
             outputs[e] = (token_idx, y)
-            clock.compute(2 * len(token_idx) * g.expert_params, g.expert_bytes, launches=3)
+            self.charge_expert(len(token_idx))
             stats.expert_computes += 1
             cache.in_use = None
             pending.discard(key)
@@ -341,6 +364,11 @@ class Engine:
             self.evict(victim)
         return True
 
+    def link_bytes_per_s(self) -> float | None:
+        """The link bandwidth estimated from copies that have moved so far (None before the first)."""
+        t = self.clock.totals
+        return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else None
+
     def expected_arrival(self, key: ExpertKey) -> float | None:
         slot = self.cache.get(key)
         return None if slot is None else self.clock.expected_arrival(slot.transfer)
@@ -354,7 +382,7 @@ class Engine:
         def copy():
             landed.extend(t.to(self.device, dtype=self.compute_dtype, non_blocking=True) for t in src)
 
-        transfer = self.clock.issue(key, self.geometry.expert_bytes, priority, copy)
+        transfer = self.clock.issue(key, int(self.geometry.expert_bytes * self.geometry.layer_scale), priority, copy)
         slot = Slot(key, self.expert_bytes, tuple(landed), transfer, prefetched)
         self.cache.insert(slot)
         self.stats.h2d_bytes += self.expert_bytes

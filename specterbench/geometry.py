@@ -6,9 +6,11 @@ model's real routing at the sizes of a large one; then every figure is labelled 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import dataclass
 
-from .errors import ModelError
+from .errors import ModelError, UsageError
 
 PRICED_DTYPE_BYTES = 2  # the modeled clock prices weights and activations as bf16, as served on a GPU
 
@@ -29,6 +31,14 @@ class Geometry:
     shared_intermediate: int = 0  # summed over shared experts; 0 when the family has none
     dense_intermediate: int = 0  # MLP size of dense (non-MoE) layers, e.g. DeepSeek's first_k_dense
     dtype_bytes: int = PRICED_DTYPE_BYTES
+    layer_scale: float = 1.0  # real layers each modeled layer stands for (a projection at a larger geometry)
+    projected_from: str | None = None  # the model whose routing is priced at this geometry
+
+    def label(self) -> str:
+        if self.projected_from is None:
+            return f"{self.name} (own geometry)"
+        return (f"{self.projected_from} routing priced at {self.name} geometry (modeled projection: each of "
+                f"{self.moe_layers} MoE layers stands for {self.layer_scale:.2f} real layers)")
 
     @property
     def expert_params(self) -> int:
@@ -40,7 +50,7 @@ class Geometry:
 
     @property
     def all_expert_bytes(self) -> int:
-        return self.expert_bytes * self.num_experts * self.moe_layers
+        return int(self.expert_bytes * self.num_experts * self.moe_layers * self.layer_scale)
 
     @property
     def attn_params(self) -> int:
@@ -92,3 +102,42 @@ def geometry_from_config(config, name: str, moe_layers: int) -> Geometry:
         shared_intermediate=shared,
         dense_intermediate=config.intermediate_size if moe_layers < config.num_hidden_layers else 0,
     )
+
+
+# Published configs of the real models (config.json on the Hugging Face hub, read off their model cards).
+# DeepSeek-V2-Lite's MLA attention is priced as 16-head MHA of head_dim 128 (≈ 16.8M vs ≈ 13.8M weights/layer).
+GEOMETRY_PRESETS: dict[str, Geometry] = {
+    "mixtral": Geometry("mixtral", hidden=4096, expert_intermediate=14336, num_experts=8, top_k=2, moe_layers=32,
+                        layers=32, heads=32, kv_heads=8, head_dim=128, vocab=32000),
+    "qwen-moe": Geometry("qwen-moe", hidden=2048, expert_intermediate=1408, num_experts=60, top_k=4, moe_layers=24,
+                         layers=24, heads=16, kv_heads=16, head_dim=128, vocab=151936, shared_intermediate=5632),
+    "deepseek-v2-lite": Geometry("deepseek-v2-lite", hidden=2048, expert_intermediate=1408, num_experts=64, top_k=6,
+                                 moe_layers=26, layers=27, heads=16, kv_heads=16, head_dim=128, vocab=102400,
+                                 shared_intermediate=2816, dense_intermediate=10944),
+    "olmoe": Geometry("olmoe", hidden=2048, expert_intermediate=1024, num_experts=64, top_k=8, moe_layers=16,
+                      layers=16, heads=16, kv_heads=16, head_dim=128, vocab=50304),
+    "phi-moe": Geometry("phi-moe", hidden=4096, expert_intermediate=6400, num_experts=16, top_k=2, moe_layers=32,
+                        layers=32, heads=32, kv_heads=8, head_dim=128, vocab=32064),
+}
+
+
+def geometry_preset(name: str) -> Geometry:
+    if name not in GEOMETRY_PRESETS:
+        close = difflib.get_close_matches(name, GEOMETRY_PRESETS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UsageError(f"unknown geometry {name!r}; {hint}available: {', '.join(GEOMETRY_PRESETS)}")
+    return GEOMETRY_PRESETS[name]
+
+
+def project(own: Geometry, preset: str) -> Geometry:
+    """Price ``own``'s routing at a real model's sizes.
+
+    Per-layer costs (attention, router, shared expert, each expert's bytes and FLOPs) are the real model's;
+    routing, expert count and top-k stay the small model's; each small MoE layer stands for
+    ``real MoE layers / small MoE layers`` real ones, so every per-layer cost — compute and copies — is
+    multiplied by that ratio, and the output head is charged once per token.
+    """
+    real = geometry_preset(preset)
+    return dataclasses.replace(real, num_experts=own.num_experts, top_k=own.top_k, moe_layers=own.moe_layers,
+                               layers=own.layers, layer_scale=real.moe_layers / own.moe_layers,
+                               projected_from=own.name)

@@ -77,10 +77,16 @@ class Registry:
 class PluginHost:
     def __init__(self):
         self._pm: pluggy.PluginManager | None = None
-        self.plugins: dict[str, PluginInfo] = {}
+        self._plugins: dict[str, PluginInfo] = {}
         self._registries: dict[str, Registry] = {}
 
     # ---- loading -----------------------------------------------------------------------------------
+    @property
+    def plugins(self) -> dict[str, PluginInfo]:
+        """Loaded plugins by name (loading them on first use)."""
+        self.pm
+        return self._plugins
+
     @property
     def pm(self) -> pluggy.PluginManager:
         if self._pm is None:
@@ -94,7 +100,7 @@ class PluginHost:
         blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
         if os.environ.get(DISABLE_ENV, "").lower() not in ("1", "true", "yes"):
             for ep in importlib.metadata.entry_points(group="specterbench"):
-                if ep.name in blocked or ep.name in self.plugins:
+                if ep.name in blocked or ep.name in self._plugins:
                     continue
                 dist = ep.dist.name if ep.dist else "?"
                 version = ep.dist.version if ep.dist else "?"
@@ -103,7 +109,7 @@ class PluginHost:
         from . import __version__
 
         for name, module in DEFAULT_PLUGINS:
-            if name in blocked or name in self.plugins:
+            if name in blocked or name in self._plugins:
                 continue
             mod = _import(name, module, lambda m=module: importlib.import_module(m))
             self._register(mod, PluginInfo(name, module, "specterbench", __version__, "default"))
@@ -118,7 +124,7 @@ class PluginHost:
             self._pm.register(obj, name=info.name)
         except pluggy.PluginValidationError as err:
             raise PluginError(f"plugin {info.name!r} ({info.distribution}) is invalid: {err}") from err
-        self.plugins[info.name] = info
+        self._plugins[info.name] = info
         self._registries.clear()
 
     def register(self, obj, name: str) -> PluginInfo:
@@ -131,7 +137,7 @@ class PluginHost:
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
-        self.plugins.pop(name, None)
+        self._plugins.pop(name, None)
         self._registries.clear()
 
     # ---- registries --------------------------------------------------------------------------------

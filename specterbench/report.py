@@ -19,7 +19,7 @@ def load_frame(run_dir, on_error: str = "stop"):
 
 
 def _mb(n) -> str:
-    return f"{n / 1e6:.2f} MB"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
 
 
 def summary_table(rows: list[ResultRow]):
@@ -31,9 +31,10 @@ def summary_table(rows: list[ResultRow]):
         clock = {"modeled": f"modeled · {r.profile}", "measured": "measured (CUDA events)",
                  "host": "host wall only"}[r.clock]
         records.append({
-            "model": r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry",
+            "model": r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)",
             "strategy": r.strategy,
-            "budget": f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})",
+            "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
+                       f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),
             "_frac": r.budget_fraction,
             "clock": clock,
             "TPOT ms": r.tpot_ms,
@@ -67,6 +68,8 @@ def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
     run_dir = Path(run_dir)
     rows = rows if rows is not None else read_rows(run_dir)
     lines = [f"# specterbench run {run_dir.name}", ""]
+    for label in sorted({r.geometry_label for r in rows if r.geometry != r.model}):
+        lines.append(f"Geometry: {label}.")
     clocks = sorted({(r.clock, r.profile) for r in rows})
     for clock, profile in clocks:
         if clock == "modeled":

@@ -31,7 +31,9 @@ class ResultRow:
     run_id: str
     cell: str
     model: str
-    geometry: str
+    geometry: str  # whose sizes the modeled clock prices: the model's own, or a preset (a projection)
+    geometry_label: str
+    priced_total_expert_bytes: int  # all expert bytes at the priced geometry
     strategy: str
     strategy_version: str
     strategy_plugin: str

@@ -19,9 +19,10 @@ import torch
 
 from .engine import Engine
 from .errors import BudgetError, SpecterbenchError, UsageError
+from .geometry import geometry_preset, project
 from .plugins import PluginHost
 from .results import ResultRow, RowWriter, read_rows
-from .strategy import Request, Strategy
+from .strategy import Calibration, Request, Strategy
 from .timeline import CudaClock, HostWallClock, ModeledClock
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -66,6 +67,7 @@ class BenchConfig:
     strategies: tuple[str, ...]
     budgets: tuple[Budget, ...]
     profile: str
+    geometry: str | None = None  # price the model's routing at a real model's sizes (modeled projection)
     clock: str = "modeled"  # modeled | measured
     workload: str = "shakespeare-heldout-v1"
     calibration: str = "calibration-v1"
@@ -97,6 +99,11 @@ class BenchConfig:
         for name in self.strategies:
             host.strategies().entry(name)
         host.profiles().entry(self.profile)
+        if self.geometry is not None:
+            if self.clock != "modeled":
+                raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "
+                                 "can do; drop GEOMETRY or use --clock modeled")
+            geometry_preset(self.geometry)
 
 
 @dataclass(slots=True)
@@ -113,7 +120,7 @@ class _ReferenceStrategy(Strategy):
     def min_cache_bytes(self, engine):
         return engine.total_expert_bytes
 
-    def prepare(self, engine, calibration_counts=None):
+    def prepare(self, engine, calibration=None):
         for layer in range(engine.num_layers):
             for e in range(engine.num_experts):
                 engine.prefetch((layer, e))
@@ -179,7 +186,8 @@ class Runner:
                        if cls.fixed_budget_fraction is not None else cfg.budgets)
             for budget in budgets:
                 for repeat in range(cfg.repeats):
-                    key = "|".join([model, sname, budget.key(), cfg.workload, cfg.profile, cfg.clock,
+                    key = "|".join([model, cfg.geometry or "own", sname, budget.key(), cfg.workload, cfg.profile,
+                                    cfg.clock,
                                     str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)])
                     yield key, sname, cls, budget, repeat
 
@@ -210,7 +218,10 @@ class Runner:
     def load_engine(self, model_name: str) -> Engine:
         spec = self.host.models().get(model_name)
         model, tokenizer = spec.load()
-        return Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer)
+        engine = Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer)
+        if self.config.geometry is not None:
+            engine.geometry = project(engine.own_geometry, self.config.geometry)
+        return engine
 
     def check_budgets(self, engine: Engine) -> None:
         total, need = engine.total_expert_bytes, engine.min_budget_bytes()
@@ -245,14 +256,14 @@ class Runner:
             ref.tokens[pid], ref.traces[pid] = toks, trace
         return ref
 
-    def calibrate(self, engine: Engine) -> torch.Tensor:
+    def calibrate(self, engine: Engine) -> Calibration:
         """Routed-token counts per (layer, expert) over the calibration workload: prefill plus 16 new tokens."""
         cfg = self.config
         prompts = encode_prompts(engine, load_prompts(cfg.calibration, 10**6), cfg.max_prompt_tokens)
         counts = torch.zeros(engine.num_layers, engine.num_experts, dtype=torch.long)
         for _, _, _, c in self._resident_pass(engine, prompts, 16):
             counts += c
-        return counts
+        return Calibration(counts, tuple(ids for _, ids in prompts))
 
     # ---- one cell ----------------------------------------------------------------------------------
     def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration) -> ResultRow:
@@ -262,6 +273,7 @@ class Runner:
         entry = self.host.strategies().entry(sname)
         row = ResultRow(
             run_id=self.run_dir.name, cell=key, model=engine.name, geometry=engine.geometry.name,
+            geometry_label=engine.geometry.label(), priced_total_expert_bytes=engine.geometry.all_expert_bytes,
             strategy=sname, strategy_version=str(cls.version),
             strategy_plugin=f"{entry.plugin.name} ({entry.plugin.distribution} {entry.plugin.version})",
             lossless_strategy=bool(cls.lossless), budget_bytes=nbytes, budget_fraction=nbytes / total,

@@ -19,13 +19,15 @@ needed → ``after_layer`` → ``on_step_end``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from .cache import ExpertKey
 from .errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from .engine import Engine
 
 
@@ -40,11 +42,15 @@ class Request:
     reference_trace: tuple[tuple[int, tuple[int, ...]], ...] | None = None  # (moe_layer, experts) per layer call
 
 
-@dataclass(slots=True)
-class StrategyMetrics:
-    """Strategy-specific numbers added to the result row under ``extra`` (name → value, with direction)."""
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What profiling strategies learn from the calibration workload (never the benchmark prompts).
 
-    values: dict[str, float] = field(default_factory=dict)
+    ``counts``: [moe_layers, experts] routed-token counts; ``prompts``: token ids of the calibration prompts.
+    """
+
+    counts: "torch.Tensor"
+    prompts: tuple[tuple[int, ...], ...]
 
 
 class Strategy:
@@ -58,7 +64,7 @@ class Strategy:
     description: ClassVar[str] = ""
     lossless: ClassVar[bool] = True  # False: the runner reports token agreement instead of failing the row
     fixed_budget_fraction: ClassVar[float | None] = None  # e.g. resident: reported once at 1.0
-    uses_calibration: ClassVar[bool] = False  # receives ``calibration_counts`` in :meth:`prepare`
+    uses_calibration: ClassVar[bool] = False  # receives a :class:`Calibration` in :meth:`prepare`
     uses_reference_trace: ClassVar[bool] = False  # needs Request.reference_trace (oracles)
 
     def __init__(self, **options):
@@ -84,9 +90,9 @@ class Strategy:
         """The smallest expert cache this strategy can work with; below it the run is refused."""
         return engine.min_budget_bytes()
 
-    def prepare(self, engine: "Engine", calibration_counts=None) -> None:
-        """Once per cell after the cache exists; ``calibration_counts`` is a [moe_layers, experts] tensor of
-        routed-token counts on the calibration workload when ``uses_calibration`` is set."""
+    def prepare(self, engine: "Engine", calibration: Calibration | None = None) -> None:
+        """Once per cell, after :meth:`attach`, before the warm-up request. ``calibration`` is given when
+        ``uses_calibration`` is set. A strategy may pre-load experts here (through ``engine.prefetch``)."""
 
     def attach(self, engine: "Engine") -> None:
         self.engine = engine

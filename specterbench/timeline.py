@@ -33,6 +33,7 @@ class Transfer:
 class ClockTotals:
     compute_busy_s: float = 0.0
     link_busy_s: float = 0.0
+    link_bytes: int = 0
     stall_s: float = 0.0
     stalls: int = 0
 
@@ -63,7 +64,9 @@ class ModeledClock:
     def issue(self, key, nbytes: int, priority: float, copy=None) -> Transfer:
         self._seq += 1
         t = Transfer(key, nbytes, priority, self.now_s, self._seq)
+        self._advance_link()  # copies that started before now keep their place
         self.queued.append(t)
+        self._advance_link()  # on an idle link this copy starts at once
         if copy is not None:
             copy()
         return t
@@ -81,6 +84,7 @@ class ModeledClock:
         t.end_s = start + self.transfer_seconds(t.nbytes)
         self.link_free_s = t.end_s
         self.totals.link_busy_s += t.end_s - start
+        self.totals.link_bytes += t.nbytes
         return t
 
     def _advance_link(self) -> None:

@@ -1,0 +1,30 @@
+"""pytest plugin shipped with specterbench (``pytest11`` entry point): fixtures for strategy authors' tests.
+
+- ``host``: a fresh plugin host for the test (registrations made with ``host.register`` vanish afterwards).
+- ``small_prompts``: three short fixed prompts in place of the shipped workloads, for fast engine tests.
+"""
+
+import pytest
+
+SMALL_PROMPTS = [
+    ("p0", "Shall I compare thee to a summer's day? Thou art more lovely and more temperate."),
+    ("p1", "To be, or not to be, that is the question: whether 'tis nobler in the mind"),
+    ("p2", "Now is the winter of our discontent made glorious summer by this sun of York"),
+]
+
+
+@pytest.fixture
+def host():
+    from specterbench.plugins import get_host, reset_host
+
+    reset_host()
+    yield get_host()
+    reset_host()
+
+
+@pytest.fixture
+def small_prompts(monkeypatch):
+    import specterbench.runner as runner
+
+    monkeypatch.setattr(runner, "load_prompts", lambda name, n: SMALL_PROMPTS[:n])
+    return SMALL_PROMPTS
