@@ -90,6 +90,32 @@ def specterbench_run_end(run_dir, rows):
 
 
 @hookspec
+def specterbench_cell_start(cell, engine):
+    """A benchmark cell (one strategy at one budget on one model) is about to decode its measured requests.
+
+    Called after the warm-up request, right before the first measured one; start samplers here.
+
+    :param cell: the cell's key (``str``), equal to ``ResultRow.cell`` of the row it will produce.
+    :param engine: the :class:`specterbench.engine.Engine` (its ``device`` tells where it runs).
+    :return: ignored.
+    """
+
+
+@hookspec
+def specterbench_cell_end(cell, row):
+    """The cell's measured requests are done (or failed); its row is about to be written.
+
+    Stop samplers here and fill measurement fields of the row (for example ``nvml_h2d_bytes`` and
+    ``nvml_note``). Called for error rows too.
+
+    :param cell: the cell's key (``str``).
+    :param row: the :class:`specterbench.results.ResultRow`, mutable until this hook returns.
+    :return: ignored.
+    """
+
+
+
+@hookspec
 def specterbench_environment():
     """Contribute environment metadata recorded with every run (GPU, driver, link, library versions).
 

@@ -71,6 +71,11 @@ class ResultRow:
     stall_ms_per_token: float | None = None
     peak_cache_bytes: int = 0
     strategy_device_bytes: int = 0
+    nvml_h2d_bytes: int | None = None  # PCIe RX of the GPU integrated over the measured requests (NVML)
+    nvml_d2h_bytes: int | None = None
+    nvml_note: str | None = None  # why the NVML columns are empty, e.g. "no NVML: library not found"
+    peak_host_rss_bytes: int | None = None
+    peak_device_bytes: int | None = None  # torch.cuda.max_memory_allocated on CUDA
     extra: dict = field(default_factory=dict)
     samples: dict = field(default_factory=dict)  # raw per-token samples: tpot_ms, host_ms, ttft_ms
     warmup: dict = field(default_factory=dict)  # the warm-up request's samples, kept apart

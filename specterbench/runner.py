@@ -151,6 +151,15 @@ def load_prompts(name: str, n: int) -> list[tuple[str, str]]:
     return [(str(item["id"]), item["text"]) for item in items[:n]]
 
 
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
 def _median(xs):
     return statistics.median(xs) if xs else None
 
@@ -282,6 +291,8 @@ class Runner:
             workload=cfg.workload, prompts=len(prompts), new_tokens=cfg.tokens, seed=cfg.seed, repeat=repeat,
             env=self.env)
         started = time.perf_counter()
+        hooks = self.host.pm.hook
+        measuring = False
         try:
             strategy = cls(**cfg.strategy_options.get(sname, {}))
             engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine))
@@ -299,6 +310,10 @@ class Runner:
                 engine.stats = type(engine.stats)()
                 engine.clock.totals = type(engine.clock.totals)()
             outputs, all_samples = {}, []
+            if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
+                torch.cuda.reset_peak_memory_stats(engine.device)
+            hooks.specterbench_cell_start(cell=key, engine=engine)
+            measuring = True
             for pid, ids in prompts:
                 engine.begin_request(request(pid, ids))
                 outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
@@ -312,6 +327,12 @@ class Runner:
             row.error = f"{type(err).__name__}: {err}"
             if not isinstance(err, SpecterbenchError):
                 row.extra["traceback"] = traceback.format_exc(limit=8)
+        finally:
+            if measuring:
+                row.peak_host_rss_bytes = peak_rss_bytes()
+                if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
+                    row.peak_device_bytes = torch.cuda.max_memory_allocated(engine.device)
+                hooks.specterbench_cell_end(cell=key, row=row)
         row.duration_s = time.perf_counter() - started
         return row
 
