@@ -2,14 +2,19 @@
 
 from specterbench import hookimpl
 
+from .activation_aware import ActivationAware
+from .cpu_experts import CpuExperts
+from .lfru import LFRU
 from .lru import LRU
+from .mixed_precision import MixedPrecision
 from .next_layer_gate import NextLayerGate
 from .on_demand import OnDemand
 from .oracle import Oracle
 from .resident import Resident
 from .static import StaticPlacement
 
-STRATEGIES = (OnDemand, LRU, StaticPlacement, NextLayerGate, Resident, Oracle)
+STRATEGIES = (OnDemand, LRU, LFRU, StaticPlacement, NextLayerGate, ActivationAware, CpuExperts, MixedPrecision,
+              Resident, Oracle)
 
 
 @hookimpl

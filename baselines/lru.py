@@ -7,7 +7,8 @@ class LRU(Strategy):
     """Per-layer least-recently-used caches, as in mixtral-offloading.
 
     The cache's slots are split evenly across MoE layers (the remainder going to the first layers); a miss in a
-    layer that is at its quota evicts that layer's least recently used expert.
+    layer that is at its quota evicts from that layer. While the cache is filling, a layer may use free slots.
+    Subclasses change only :meth:`pick`, the order in which a layer's experts are given up.
     """
 
     name = "lru"
@@ -20,11 +21,15 @@ class LRU(Strategy):
         base, extra = divmod(slots, engine.num_layers)
         self.quota = [base + (1 if layer < extra else 0) for layer in range(engine.num_layers)]
 
+    def pick(self, keys):
+        """The victim among ``keys`` (least recently used first)."""
+        return keys[0]
+
     def choose_victim(self, candidates, needed):
         held = Counter(layer for layer, _ in self.engine.cache.keys())
         if needed is not None and held[needed[0]] >= self.quota[needed[0]]:
             same = [k for k in candidates if k[0] == needed[0]]
             if same:
-                return same[0]
+                return self.pick(same)
         over = [k for k in candidates if held[k[0]] > self.quota[k[0]]]
-        return (over or candidates)[0]
+        return self.pick(over or candidates)

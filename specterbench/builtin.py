@@ -6,12 +6,34 @@ import platform
 
 from . import hookimpl
 from .models import tiny_random_specs
-from .profiles import BUILTIN_PROFILES
+from .profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+
+
+def _git_sha() -> str | None:
+    """The commit of the specterbench checkout (with ``-dirty`` when it has changes), None when not a checkout."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (sha + ("-dirty" if dirty else "")) or None
 
 
 @hookimpl
 def specterbench_register_profiles(register):
     for profile in BUILTIN_PROFILES:
+        register(profile)
+
+
+@hookimpl
+def specterbench_register_host_profiles(register):
+    for profile in BUILTIN_HOST_PROFILES:
         register(profile)
 
 
@@ -35,6 +57,7 @@ def specterbench_environment():
         except md.PackageNotFoundError:
             versions[pkg] = None
     env = {
+        "git_sha": _git_sha(),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpu": platform.processor() or platform.machine(),

@@ -19,12 +19,13 @@ def _csv(text: str) -> tuple[str, ...]:
 def cmd_list(args) -> int:
     host = get_host()
     data = {}
-    for kind, reg in (("strategies", host.strategies()), ("models", host.models()), ("profiles", host.profiles())):
+    for kind, reg in (("strategies", host.strategies()), ("models", host.models()), ("profiles", host.profiles()),
+                      ("host profiles", host.host_profiles())):
         data[kind] = []
         for name in reg.names():
             entry = reg.entry(name)
             obj = entry.obj
-            desc = getattr(obj, "description", "") or getattr(obj, "accelerator", "")
+            desc = getattr(obj, "description", "") or getattr(obj, "accelerator", "") or getattr(obj, "cpu", "")
             data[kind].append({"name": name, "plugin": entry.plugin.name,
                                "distribution": f"{entry.plugin.distribution} {entry.plugin.version}",
                                "description": desc})
@@ -65,7 +66,7 @@ def cmd_run(args) -> int:
     config = BenchConfig(
         models=_csv(args.model), strategies=tuple(strategies),
         budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile, clock=args.clock,
-        geometry=args.geometry or None,
+        geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set))
     config.validate(host)
@@ -117,6 +118,19 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_overhead(args) -> int:
+    from .overhead import measure_overhead
+
+    r = measure_overhead(get_host(), args.model, prompts=args.prompts, tokens=args.tokens, threads=args.threads)
+    print(f"model {r.model}: {r.prompts} prompts x {r.tokens} tokens, greedy, host wall time, {args.threads} thread(s)")
+    print(f"  stock model.generate   {r.stock_ms_per_token:8.3f} ms/token (median)")
+    print(f"  engine, all resident   {r.engine_ms_per_token:8.3f} ms/token (median)")
+    print(f"  ratio engine/stock     {r.ratio_median:8.3f} (median of per-prompt ratios; "
+          f"min {min(r.ratios):.3f}, max {max(r.ratios):.3f})")
+    print(f"  same tokens            {'yes' if r.tokens_equal else 'NO'}")
+    return 0 if r.tokens_equal else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specterbench", description="Benchmark MoE expert-offloading strategies.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -133,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")
     s.add_argument("--geometry", default="", help="price the routing at a real model's sizes: mixtral, qwen-moe, "
                    "deepseek-v2-lite, olmoe, phi-moe (a modeled projection)")
+    s.add_argument("--host-profile", default="desktop-ddr5", help="host CPU profile (for cpu-experts)")
     s.add_argument("--clock", default="modeled", choices=("modeled", "measured"))
     s.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
     s.add_argument("--prompts", type=int, default=8, help="prompts from the workload")
@@ -148,6 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-warmup", action="store_true")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("overhead", help="host wall time of the engine (all resident) vs stock model.generate")
+    s.add_argument("--model", default="tiny-random-mixtral")
+    s.add_argument("--prompts", type=int, default=8)
+    s.add_argument("--tokens", type=int, default=32)
+    s.add_argument("--threads", type=int, default=1)
+    s.set_defaults(func=cmd_overhead)
 
     s = sub.add_parser("report", help="rewrite summary.md of a run and print its table")
     s.add_argument("run_dir")

@@ -38,6 +38,25 @@ class QuantSpec:
         return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
 
 
+def quantized_bytes(engine, spec: QuantSpec) -> int:
+    """Device bytes of every routed expert quantized with ``spec``: packed weights plus fp32 per-block scales.
+    Known before quantizing, so a budget can be checked first; equals :attr:`QuantizedExperts.nbytes`."""
+    total = 0
+    for gate_up, down in engine.store.weights.values():
+        for w in (gate_up, down):
+            n = w.numel()
+            total += (n * spec.bits + 7) // 8 + -(-n // spec.blocksize) * 4
+    return total
+
+
+def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
+    """One quantized copy per (engine, spec), shared by the cells that use it (quantizing takes seconds)."""
+    drafts = engine.__dict__.setdefault("_quantized_experts", {})
+    if spec not in drafts:
+        drafts[spec] = QuantizedExperts(engine, spec)
+    return drafts[spec]
+
+
 def quantize(w: torch.Tensor, spec: QuantSpec):
     """Returns ``(packed, state, nbytes)`` for one 2-D weight."""
     import bitsandbytes.functional as bnbf

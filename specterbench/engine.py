@@ -18,7 +18,7 @@ from torch import nn
 from .cache import DeviceCache, ExpertKey, Slot
 from .errors import BudgetError, EngineViolation, ModelError
 from .geometry import Geometry, geometry_from_config
-from .strategy import Request, Strategy
+from .strategy import FETCH, ON_HOST, SUBSTITUTE, Request, Strategy
 from .timeline import DEMAND_PRIORITY, HostWallClock
 
 SUPPORTED_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
@@ -85,6 +85,9 @@ class EngineStats:
     demand_bytes: int = 0
     prefetch_bytes: int = 0
     expert_computes: int = 0
+    host_experts: int = 0  # misses computed on the host CPU
+    activation_bytes: int = 0  # activations sent to and back from the host for those (both directions)
+    substituted: int = 0  # misses computed with a strategy's substitute (lossy)
 
 
 @dataclass(slots=True)
@@ -266,36 +269,71 @@ class Engine:
 
         keys = [(layer, e) for e in experts]
         pending = set(keys)
-        for key in keys:
+        elsewhere: dict[ExpertKey, str] = {}  # misses the strategy runs on the host or with a substitute
+        for key, n in zip(keys, n_tokens):
             if key in cache:
                 stats.hits += 1
+                continue
+            stats.misses += 1
+            strategy.on_miss(key)
+            if key in cache:
+                continue
+            place = strategy.place_miss(key, n)
+            if place == FETCH:
+                self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=pending)
+            elif place in (ON_HOST, SUBSTITUTE):
+                elsewhere[key] = place
+                pending.discard(key)
             else:
-                stats.misses += 1
-                strategy.on_miss(key)
-                if key not in cache:
-                    self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=pending)
+                raise EngineViolation(f"strategy {strategy.name!r} placed {key} at {place!r}; use fetch, host or "
+                                      f"substitute")
+        outputs, host_done = {}, 0.0
+        for key, place in elsewhere.items():  # host experts start first: they run beside the device
+            token_idx, pos = torch.where(top_k_index == key[1])
+            if place == ON_HOST:
+                host_weights = tuple(w.to(self.compute_dtype) for w in self.store.weights[key])
+                y = self._expert(host_weights, act_fn, hidden[token_idx].cpu(),
+                                 top_k_weights[token_idx, pos, None].cpu()).to(hidden.device)
+                host_done = max(host_done, self._charge_host(len(token_idx)))
+                stats.host_experts += 1
+                stats.activation_bytes += 2 * y.numel() * y.element_size()  # inputs down, results back
+            else:
+                weights, ratio = strategy.substitute(key)
+                y = self._expert(weights, act_fn, hidden[token_idx], top_k_weights[token_idx, pos, None])
+                self.charge_expert(len(token_idx), ratio)
+                stats.substituted += 1
+            outputs[key[1]] = (token_idx, y)
         # compute what has landed first, then in order of arrival; misses that found no room come last
-        order = sorted(keys, key=lambda k: self._arrival(k))
-        outputs = {}
+        order = sorted((k for k in keys if k not in elsewhere), key=self._arrival)
         for key in order:
             slot = self._acquire(key, pending)
             cache.in_use = key
-            e = key[1]
-            token_idx, pos = torch.where(top_k_index == e)
-            gate_up, down = slot.weights
-            gate, up = F.linear(hidden[token_idx], gate_up).chunk(2, dim=-1)
-            y = F.linear(act_fn(gate) * up, down) * top_k_weights[token_idx, pos, None]
-            outputs[e] = (token_idx, y)
+            token_idx, pos = torch.where(top_k_index == key[1])
+            outputs[key[1]] = (token_idx, self._expert(slot.weights, act_fn, hidden[token_idx],
+                                                       top_k_weights[token_idx, pos, None]))
             self.charge_expert(len(token_idx))
             stats.expert_computes += 1
             cache.in_use = None
             pending.discard(key)
+        if host_done:
+            clock.wait_until(host_done)
         out = torch.zeros_like(hidden)
         for e in experts:  # fixed summation order: numerics do not depend on the strategy
             token_idx, y = outputs[e]
             out.index_add_(0, token_idx, y.to(out.dtype))
         strategy.after_layer(layer, experts)
         return out
+
+    @staticmethod
+    def _expert(weights, act_fn, x, scale):  # x [n, H], scale [n, 1] -> [n, H]
+        gate_up, down = weights
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        return F.linear(act_fn(gate) * up, down) * scale
+
+    def _charge_host(self, n_tokens: int) -> float:
+        g = self.geometry
+        return self.clock.host_compute(g.layer_scale * 2 * n_tokens * g.expert_params,
+                                       g.layer_scale * g.expert_bytes, 2 * n_tokens * g.hidden * g.dtype_bytes)
 
     def _arrival(self, key: ExpertKey) -> float:
         slot = self.cache.get(key)

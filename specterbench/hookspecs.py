@@ -54,6 +54,18 @@ def specterbench_register_profiles(register):
     """
 
 
+@hookspec
+def specterbench_register_host_profiles(register):
+    """Register host CPU profiles, for strategies that compute experts on the host (``cpu-experts``).
+
+    Called once, when the plugin host first needs the host-profile registry.
+
+    :param register: call ``register(profile)`` with a :class:`specterbench.profiles.HostProfile` that cites
+        its sources.
+    :return: ignored.
+    """
+
+
 # ---- run lifecycle -----------------------------------------------------------------------------------
 
 

@@ -159,6 +159,9 @@ class PluginHost:
     def profiles(self) -> Registry:
         return self._registry("profile", "specterbench_register_profiles", lambda p: p.name)
 
+    def host_profiles(self) -> Registry:
+        return self._registry("host profile", "specterbench_register_host_profiles", lambda p: p.name)
+
     def hooks_of(self, name: str) -> list[str]:
         plugin = self.pm.get_plugin(name)
         return sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])

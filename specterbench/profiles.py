@@ -96,3 +96,62 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
 )
 
 DEFAULT_PROFILE = "a100-40g-pcie4"
+
+
+@dataclass(frozen=True, slots=True)
+class HostProfile:
+    """The host CPU that computes experts in place of the accelerator (Fiddler, llama.cpp ``--n-cpu-moe``).
+
+    An expert on the host costs ``max(flops / (flops_per_s * used/threads), weight bytes / mem_bytes_per_s)``:
+    at decode sizes it streams its weights from DRAM, so memory bandwidth decides.
+    """
+
+    name: str
+    cpu: str
+    mem_bytes_per_s: float  # sustained DRAM read bandwidth (STREAM-like), all threads
+    flops_per_s: float  # sustained bf16/fp32 GEMM throughput, all threads
+    threads: int
+    launch_us: float  # per-expert dispatch cost on the host (thread-pool wake-up, small-GEMM setup)
+    sources: tuple[str, ...]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HostProfile":
+        names = [f.name for f in dataclasses.fields(cls)]
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise UsageError(f"host profile {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
+                             f"a host profile needs: {', '.join(names)}")
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise UsageError(f"host profile {data.get('name', '?')!r} has unknown field(s) {', '.join(unknown)}")
+        return cls(**{**data, "sources": tuple(data["sources"])})
+
+
+BUILTIN_HOST_PROFILES: tuple[HostProfile, ...] = (
+    HostProfile(
+        name="desktop-ddr5",
+        cpu="AMD Ryzen 9 7950X, 16 cores, 2-channel DDR5-6000",
+        mem_bytes_per_s=70 * GB,
+        flops_per_s=2.0e12,
+        threads=16,
+        launch_us=20.0,
+        sources=(
+            "DDR5-6000 x 2 channels = 96 GB/s peak; ~70 GB/s measured with STREAM on Zen 4 desktops",
+            "Zen 4 AVX-512 (2x256-bit FMA) 16 cores x ~5 GHz x 32 fp32 FLOP/cycle ~ 2.5 TFLOP/s; 2.0 sustained",
+        ),
+    ),
+    HostProfile(
+        name="server-12ch-ddr5",
+        cpu="AMD EPYC 9654, 96 cores, 12-channel DDR5-4800",
+        mem_bytes_per_s=350 * GB,
+        flops_per_s=8.0e12,
+        threads=96,
+        launch_us=30.0,
+        sources=(
+            "DDR5-4800 x 12 channels = 460 GB/s peak; ~350 GB/s STREAM triad reported for Genoa",
+            "96 Zen 4 cores x ~2.4 GHz all-core x 32 fp32 FLOP/cycle ~ 7.4-9 TFLOP/s",
+        ),
+    ),
+)
+
+DEFAULT_HOST_PROFILE = "desktop-ddr5"

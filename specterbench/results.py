@@ -68,6 +68,9 @@ class ResultRow:
     prefetch_issued: int = 0
     prefetch_used: int = 0
     prefetch_wasted: int = 0
+    host_experts: int = 0  # expert computations done on the host CPU (cpu-experts)
+    activation_bytes: int = 0  # activations crossing the link for host-computed experts, both directions
+    substituted: int = 0  # misses computed with a lower-precision substitute (lossy strategies)
     stall_ms_per_token: float | None = None
     peak_cache_bytes: int = 0
     strategy_device_bytes: int = 0

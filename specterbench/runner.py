@@ -67,6 +67,7 @@ class BenchConfig:
     strategies: tuple[str, ...]
     budgets: tuple[Budget, ...]
     profile: str
+    host_profile: str = "desktop-ddr5"  # the host CPU, for strategies that compute experts there
     geometry: str | None = None  # price the model's routing at a real model's sizes (modeled projection)
     clock: str = "modeled"  # modeled | measured
     workload: str = "shakespeare-heldout-v1"
@@ -99,6 +100,7 @@ class BenchConfig:
         for name in self.strategies:
             host.strategies().entry(name)
         host.profiles().entry(self.profile)
+        host.host_profiles().entry(self.host_profile)
         if self.geometry is not None:
             if self.clock != "modeled":
                 raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "
@@ -128,7 +130,8 @@ class _ReferenceStrategy(Strategy):
 
 def make_clock(config: BenchConfig, host: PluginHost, engine: Engine):
     if config.clock == "modeled":
-        return ModeledClock(host.profiles().get(config.profile), engine.geometry)
+        return ModeledClock(host.profiles().get(config.profile), engine.geometry,
+                            host.host_profiles().get(config.host_profile))
     if engine.device.type == "cuda":
         return CudaClock(engine.device)
     return HostWallClock()
@@ -269,10 +272,8 @@ class Runner:
         """Routed-token counts per (layer, expert) over the calibration workload: prefill plus 16 new tokens."""
         cfg = self.config
         prompts = encode_prompts(engine, load_prompts(cfg.calibration, 10**6), cfg.max_prompt_tokens)
-        counts = torch.zeros(engine.num_layers, engine.num_experts, dtype=torch.long)
-        for _, _, _, c in self._resident_pass(engine, prompts, 16):
-            counts += c
-        return Calibration(counts, tuple(ids for _, ids in prompts))
+        sequences = tuple(c.clone() for _, _, _, c in self._resident_pass(engine, prompts, 16))
+        return Calibration(torch.stack(sequences).sum(0), tuple(ids for _, ids in prompts), sequences)
 
     # ---- one cell ----------------------------------------------------------------------------------
     def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration) -> ResultRow:
@@ -359,6 +360,7 @@ class Runner:
         row.h2d_bytes_per_token = st.h2d_bytes / tokens if tokens else None
         row.prefetch_issued, row.prefetch_used, row.prefetch_wasted = (st.prefetch_issued, st.prefetch_used,
                                                                        st.prefetch_wasted)
+        row.host_experts, row.activation_bytes, row.substituted = st.host_experts, st.activation_bytes, st.substituted
         row.stall_ms_per_token = totals.stall_s * 1e3 / tokens if tokens and row.clock != "host" else None
         row.peak_cache_bytes = engine.cache.peak_bytes
         row.samples = {"tpot_ms": tpot if row.clock != "host" else [], "host_ms": host, "ttft_ms": ttft}

@@ -42,6 +42,12 @@ class Request:
     reference_trace: tuple[tuple[int, tuple[int, ...]], ...] | None = None  # (moe_layer, experts) per layer call
 
 
+# Where a missed expert runs (:meth:`Strategy.place_miss`).
+FETCH = "fetch"  # copy its weights to the device and compute there (lossless)
+ON_HOST = "host"  # compute on the host CPU with the host copy; activations cross the link (lossless)
+SUBSTITUTE = "substitute"  # compute with the strategy's own device copy, e.g. 4-bit (lossy: set lossless=False)
+
+
 @dataclass(frozen=True, slots=True)
 class Calibration:
     """What profiling strategies learn from the calibration workload (never the benchmark prompts).
@@ -51,6 +57,7 @@ class Calibration:
 
     counts: "torch.Tensor"
     prompts: tuple[tuple[int, ...], ...]
+    sequences: tuple["torch.Tensor", ...] = ()  # per calibration prompt: its own [layers, experts] counts
 
 
 class Strategy:
@@ -109,6 +116,16 @@ class Strategy:
 
     def on_miss(self, key: ExpertKey) -> None:
         pass
+
+    def place_miss(self, key: ExpertKey, n_tokens: int) -> str:
+        """Where an expert that is not cached runs for the ``n_tokens`` routed to it: :data:`FETCH` (default),
+        :data:`ON_HOST` or :data:`SUBSTITUTE` (then :meth:`substitute` supplies the weights)."""
+        return FETCH
+
+    def substitute(self, key: ExpertKey):
+        """Weights to compute a missed expert with instead of fetching it: ``((gate_up, down), bytes_ratio)``,
+        ``bytes_ratio`` being the substitute's bytes over the full expert's (for the modeled clock)."""
+        raise NotImplementedError(f"strategy {self.name!r} returned SUBSTITUTE without a substitute()")
 
     def choose_victim(self, candidates: Sequence[ExpertKey], needed: ExpertKey | None) -> ExpertKey:
         """Pick one of ``candidates`` (least recently used first) to evict to make room for ``needed``."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .geometry import Geometry
-from .profiles import HardwareProfile
+from .profiles import HardwareProfile, HostProfile
 
 DEMAND_PRIORITY = float("inf")  # a demand fetch outranks every prefetch still queued
 
@@ -36,6 +36,7 @@ class ClockTotals:
     link_bytes: int = 0
     stall_s: float = 0.0
     stalls: int = 0
+    host_busy_s: float = 0.0  # host CPU computing experts (cpu-experts)
 
 
 class ModeledClock:
@@ -48,9 +49,12 @@ class ModeledClock:
 
     kind = "modeled"
 
-    def __init__(self, profile: HardwareProfile, geometry: Geometry):
+    def __init__(self, profile: HardwareProfile, geometry: Geometry, host: HostProfile | None = None):
         self.profile = profile
         self.geometry = geometry
+        self.host = host
+        self.host_threads = host.threads if host else 0  # threads a strategy lets the host use
+        self.host_free_s = 0.0
         self.now_s = 0.0
         self.link_free_s = 0.0
         self.queued: list[Transfer] = []
@@ -138,6 +142,31 @@ class ModeledClock:
         self.totals.compute_busy_s += dt
         return dt
 
+    # ---- host compute (a third resource) -------------------------------------------------------------
+    def host_compute(self, flops: float, weight_bytes: float, act_bytes: float) -> float:
+        """Run an expert on the host: activations go down the link, the host computes (concurrently with the
+        device), the result comes back. Returns when the result is on the device. Activation copies are small
+        and full-duplex, so they are charged latency + bytes but do not queue behind weight copies."""
+        if self.host is None:
+            raise ValueError("this modeled clock has no host profile; give the run a --host-profile")
+        h, p = self.host, self.profile
+        hop = p.link_latency_us * 1e-6 + act_bytes / p.link_bytes_per_s
+        start = max(self.now_s + hop, self.host_free_s)
+        used = min(self.host_threads, h.threads) / h.threads
+        dur = h.launch_us * 1e-6 + max(flops / (h.flops_per_s * used), weight_bytes / h.mem_bytes_per_s)
+        self.host_free_s = start + dur
+        self.totals.host_busy_s += dur
+        return start + dur + hop
+
+    def wait_until(self, t: float) -> float:
+        """Block the compute stream until ``t`` (a host result); returns the stall."""
+        stall = max(0.0, t - self.now_s)
+        if stall > 0:
+            self.now_s = t
+            self.totals.stall_s += stall
+            self.totals.stalls += 1
+        return stall
+
     def now(self) -> float:
         return self.now_s
 
@@ -145,7 +174,7 @@ class ModeledClock:
         """Between requests: let every queued copy land and the compute stream catch up."""
         while self.queued:
             self._start_next()
-        self.now_s = max(self.now_s, self.link_free_s)
+        self.now_s = max(self.now_s, self.link_free_s, self.host_free_s)
 
     def sync(self) -> None:
         """The host reads the step's tokens: nothing to wait for beyond the compute stream itself."""
@@ -216,6 +245,12 @@ class CudaClock:
     def now(self) -> float:  # pragma: no cover - needs CUDA
         return time.perf_counter()
 
+    def host_compute(self, flops, weight_bytes, act_bytes) -> float:  # pragma: no cover - needs CUDA
+        return 0.0  # the host really computed it, in the caller
+
+    def wait_until(self, t) -> float:  # pragma: no cover - needs CUDA
+        return 0.0
+
     def sync(self) -> None:  # pragma: no cover - needs CUDA
         self.torch.cuda.synchronize(self.device)
         for before, after in self._waits:
@@ -261,6 +296,12 @@ class HostWallClock:
 
     def now(self) -> float:
         return time.perf_counter()
+
+    def host_compute(self, flops, weight_bytes, act_bytes) -> float:
+        return 0.0
+
+    def wait_until(self, t) -> float:
+        return 0.0
 
     def sync(self) -> None:
         pass

@@ -21,7 +21,7 @@ import torch
 
 from specterbench import Strategy
 from specterbench.baselines.lru import LRU
-from specterbench.draft import QuantizedExperts, QuantSpec
+from specterbench.draft import QuantSpec, quantized_bytes, shared_quantized
 from specterbench.errors import UsageError
 
 K_CANDIDATES = (1, 2, 3, 4, 6, 8)
@@ -52,16 +52,6 @@ def accepted_prefix(proposals: list[int], greedy: list[int]) -> int:
     return a
 
 
-def draft_bytes(engine, spec: QuantSpec) -> int:
-    """Bytes the quantized draft experts occupy on the device: packed weights plus fp32 per-block scales."""
-    total = 0
-    for gate_up, down in engine.store.weights.values():
-        for w in (gate_up, down):
-            n = w.numel()
-            total += (n * spec.bits + 7) // 8 + -(-n // spec.blocksize) * 4
-    return total
-
-
 class SpeculativeDecoding(Strategy):
     """Self-draft speculative decoding over the offloaded cache; subclasses decide what to prefetch."""
 
@@ -82,16 +72,13 @@ class SpeculativeDecoding(Strategy):
 
     # ---- setup -------------------------------------------------------------------------------------
     def device_bytes(self, engine):
-        return draft_bytes(engine, self.spec)
+        return quantized_bytes(engine, self.spec)
 
     uses_calibration = True  # the K profiler decodes calibration prompts, never benchmark ones
 
     def attach(self, engine):
         super().attach(engine)
-        drafts = engine.__dict__.setdefault("_quantized_drafts", {})
-        if self.spec not in drafts:
-            drafts[self.spec] = QuantizedExperts(engine, self.spec)
-        self.draft = drafts[self.spec]
+        self.draft = shared_quantized(engine, self.spec)
         if self.draft.nbytes != self.device_bytes(engine):
             raise UsageError(f"draft bytes {self.draft.nbytes} differ from the charged estimate "
                              f"{self.device_bytes(engine)}")

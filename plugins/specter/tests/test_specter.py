@@ -9,7 +9,8 @@ from specterbench.models import TINY_FAMILIES, tiny_random
 from specterbench.profiles import BUILTIN_PROFILES
 from specterbench.runner import BenchConfig, Runner, parse_budget
 from specterbench.timeline import ModeledClock
-from specterbench_specter.specter import SpecDecode, Specter, accepted_prefix, draft_bytes
+from specterbench.draft import quantized_bytes
+from specterbench_specter.specter import SpecDecode, Specter, accepted_prefix
 
 PROMPT = "Shall I compare thee to a summer's day? Thou art more lovely"
 
@@ -72,7 +73,7 @@ def test_draft_is_charged_to_the_budget_at_its_real_packed_size():
     configure(engine, strategy, 0.6)
     n = sum(w.numel() for pair in engine.store.weights.values() for w in pair)
     assert strategy.draft.nbytes == n // 2 + n // 64 * 4  # nf4 nibbles + one fp32 scale per 64 values
-    assert strategy.draft.nbytes == draft_bytes(engine, strategy.spec)
+    assert strategy.draft.nbytes == quantized_bytes(engine, strategy.spec)
     assert engine.cache.capacity_bytes == int(0.6 * engine.total_expert_bytes) - strategy.draft.nbytes
     assert 0.27 < strategy.draft.bytes_ratio < 0.29
 
