@@ -5,7 +5,7 @@ from __future__ import annotations
 import platform
 
 from . import hookimpl
-from .models import tiny_random_specs
+from .models import embedded_specs, preset_specs, tiny_random_specs
 from .profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 
 
@@ -39,7 +39,7 @@ def specterbench_register_host_profiles(register):
 
 @hookimpl
 def specterbench_register_models(register):
-    for spec in tiny_random_specs():
+    for spec in [*embedded_specs(), *tiny_random_specs(), *preset_specs()]:
         register(spec)
 
 

@@ -60,6 +60,12 @@ def cmd_run(args) -> int:
     from .runner import BenchConfig, Runner, parse_budget
 
     host = get_host()
+    if args.model_path:
+        import os
+
+        from .models import MODEL_PATH_ENV
+
+        os.environ[MODEL_PATH_ENV] = args.model_path
     if args.tokens <= 0:
         raise UsageError(f"TOKENS must be a positive number of new tokens, got {args.tokens}")
     strategies = host.strategies().names() if args.strategies in ("all", "") else _csv(args.strategies)
@@ -142,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run strategies side by side and write results/<run-id>/")
     s.add_argument("--model", default="tiny-random-mixtral", help="model name(s), comma-separated")
+    s.add_argument("--model-path", help="local checkpoint directory for a real preset (mixtral, qwen-moe, ...)")
     s.add_argument("--strategies", default="all", help="comma-separated names, or 'all'")
     s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
     s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")

@@ -21,7 +21,12 @@ from .geometry import Geometry, geometry_from_config
 from .strategy import FETCH, ON_HOST, SUBSTITUTE, Request, Strategy
 from .timeline import DEMAND_PRIORITY, HostWallClock
 
-SUPPORTED_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3")
+SUPPORTED_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "phimoe")
+
+
+def router_of(block: nn.Module) -> nn.Module:
+    """The block's router: ``gate`` in most families, ``router`` in Phi-MoE."""
+    return getattr(block, "gate", None) or getattr(block, "router")
 
 
 def find_moe_blocks(model: nn.Module) -> list[nn.Module]:
@@ -30,7 +35,8 @@ def find_moe_blocks(model: nn.Module) -> list[nn.Module]:
     for module in model.modules():
         experts = getattr(module, "experts", None)
         gate_up = getattr(experts, "gate_up_proj", None)
-        if hasattr(module, "gate") and isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3:
+        routed = hasattr(module, "gate") or hasattr(module, "router")
+        if routed and isinstance(gate_up, torch.Tensor) and gate_up.dim() == 3:
             blocks.append(module)
     if not blocks:
         arch = getattr(model.config, "model_type", type(model).__name__)
@@ -117,7 +123,7 @@ class Engine:
         self.store = ExpertStore(blocks, store_dtype, pin=self.device.type == "cuda")
         for layer, block in enumerate(blocks):
             block.experts = OffloadedExperts(self, layer, block.experts.act_fn)
-        self.gates = [block.gate for block in blocks]  # routers, for strategies that predict ahead
+        self.gates = [router_of(block) for block in blocks]  # routers, for strategies that predict ahead
         self.model.to(self.device)
         self.own_geometry = geometry_from_config(model.config, name, len(blocks))
         self.geometry = geometry or self.own_geometry
