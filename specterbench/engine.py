@@ -358,6 +358,9 @@ class Engine:
                                   f"({self.expert_bytes} bytes)")
         self.clock.wait(slot.transfer)
         if not slot.used:
+            if self.device.type == "cuda":  # pragma: no cover - needs CUDA
+                for w in slot.weights:  # copied on the copy stream, read on this one: keep the allocator honest
+                    w.record_stream(torch.cuda.current_stream(self.device))
             slot.used = True
             if slot.prefetched:
                 self.stats.prefetch_used += 1
