@@ -29,7 +29,7 @@ class LRU(Strategy):
         held = Counter(layer for layer, _ in self.engine.cache.keys())
         if needed is not None and held[needed[0]] >= self.quota[needed[0]]:
             same = [k for k in candidates if k[0] == needed[0]]
-            if same:
-                return self.pick(same)
+            # at quota with nothing of its own to give up yet: wait for this layer's computed experts
+            return self.pick(same) if same else None
         over = [k for k in candidates if held[k[0]] > self.quota[k[0]]]
         return self.pick(over or candidates)

@@ -8,14 +8,15 @@ from specterbench.errors import EngineViolation
 class Oracle(Strategy):
     """Belady eviction with perfect prefetch, from the routing trace recorded by the reference run.
 
-    It knows every future (layer, experts) access of the request. Before each layer it queues copies of the
-    next accesses not cached, in order of need, evicting the cached expert used farthest in the future when
-    that one is needed later than the expert it makes room for. The bound for a budget: no strategy that has
-    to guess does better on hits; on time it is a strong reference, not a proof of optimality.
+    At the start of a request it replays the whole future access sequence through Belady's algorithm (evict
+    the expert used farthest in the future) from the cache's current contents: that is the fewest copies any
+    strategy can make with this cache. It then issues each of those copies at the earliest safe moment — right
+    after the last use of the expert it replaces — in order of need. The bound on hits and bytes at this budget;
+    on time a strong reference, not a proof of optimality (copy order and link contention are not optimised).
     """
 
     name = "oracle"
-    version = "1"
+    version = "2"
     description = "Belady eviction + perfect prefetch from the recorded reference routing (a bound)"
     uses_reference_trace = True
 
@@ -28,42 +29,51 @@ class Oracle(Strategy):
             for e in experts:
                 self.uses[(layer, e)].append(pos)
         self.pos = 0
-        self.slots = self.engine.cache.capacity_bytes // self.engine.expert_bytes
+        self.schedule = self._belady_schedule()  # [(issue_pos, need_pos, key, victim or None)]
+        self.next_event = 0
 
-    def next_use(self, key):
+    def next_use(self, key, after=None):
+        """First position ≥ ``after`` (default: the current one) where ``key`` is used; inf if never."""
         uses = self.uses.get(key, ())
-        i = bisect_right(uses, self.pos - 1)
+        i = bisect_right(uses, (self.pos if after is None else after) - 1)
         return uses[i] if i < len(uses) else float("inf")
+
+    def _belady_schedule(self):
+        engine = self.engine
+        slots = engine.cache.capacity_bytes // engine.expert_bytes
+        cache = set(engine.cache.keys())
+        last_use = {k: -1 for k in cache}
+        events = []
+        for pos, (layer, experts) in enumerate(self.trace):
+            now = {(layer, e) for e in experts}
+            for key in sorted(now):
+                if key not in cache:
+                    victim = None
+                    if len(cache) >= slots:
+                        others = [k for k in cache if k not in now] or list(cache)
+                        victim = max(others, key=lambda k: self.next_use(k, after=pos + 1))
+                        cache.remove(victim)
+                    # safe to copy once the replaced expert has had its last use before this need
+                    issue = (last_use.get(victim, -1) + 1) if victim is not None else 0
+                    events.append((min(issue, pos), pos, key, victim))
+                    cache.add(key)
+                last_use[key] = pos
+        events.sort(key=lambda ev: (ev[0], ev[1]))
+        return events
 
     def before_layer(self, layer, experts, tokens_per_expert):
         if self.pos >= len(self.trace) or self.trace[self.pos] != (layer, tuple(experts)):
             raise EngineViolation(f"oracle: routing at access {self.pos} (layer {layer}) differs from the "
                                   f"reference trace; the run is not the reference's")
-        self._prefetch_ahead()
-
-    def _prefetch_ahead(self):
-        engine, cache = self.engine, self.engine.cache
-        seen, pos = set(), self.pos
-        now = set((self.trace[self.pos][0], e) for e in self.trace[self.pos][1])
-        while pos < len(self.trace) and len(seen) < self.slots:
-            layer, experts = self.trace[pos]
-            for e in experts:
-                key = (layer, e)
-                if key in seen:
-                    continue
-                seen.add(key)
-                if key in cache:
-                    continue
-                if cache.free_bytes < engine.expert_bytes:
-                    victims = [k for k in engine.evictable() if k not in now]
-                    if not victims:
-                        return
-                    victim = max(victims, key=self.next_use)
-                    if self.next_use(victim) <= pos:
-                        return
-                    engine.evict(victim)
-                engine.prefetch(key, priority=-pos)
-            pos += 1
+        engine = self.engine
+        while self.next_event < len(self.schedule) and self.schedule[self.next_event][0] <= self.pos:
+            _, need, key, victim = self.schedule[self.next_event]
+            self.next_event += 1
+            if key in engine.cache:
+                continue
+            if victim is not None and victim in engine.cache and victim in engine.evictable():
+                engine.evict(victim)
+            engine.prefetch(key, priority=-need)  # no room: the demand path will fetch it (Belady victims)
 
     def choose_victim(self, candidates, needed):
         return max(candidates, key=self.next_use)

@@ -148,6 +148,11 @@ class Engine:
         return self.store.expert_bytes
 
     @property
+    def priced_expert_bytes(self) -> int:
+        """Bytes one expert copy is priced at by the modeled clock (the geometry's, per modeled layer)."""
+        return int(self.geometry.expert_bytes * self.geometry.layer_scale)
+
+    @property
     def total_expert_bytes(self) -> int:
         return self.store.total_bytes
 
@@ -309,9 +314,14 @@ class Engine:
                 self.charge_expert(len(token_idx), ratio)
                 stats.substituted += 1
             outputs[key[1]] = (token_idx, y)
-        # compute what has landed first, then in order of arrival; misses that found no room come last
+        # compute what has landed first, then in order of arrival; misses that found no room come last and are
+        # fetched as soon as a computed expert frees a place, so their copies still overlap compute
         order = sorted((k for k in keys if k not in elsewhere), key=self._arrival)
+        deferred = [k for k in order if k not in cache]
         for key in order:
+            while deferred and (deferred[0] in cache or self._fetch(
+                    deferred[0], DEMAND_PRIORITY, prefetched=False, protect=pending) is not None):
+                deferred.pop(0)
             slot = self._acquire(key, pending)
             cache.in_use = key
             token_idx, pos = torch.where(top_k_index == key[1])
@@ -352,7 +362,7 @@ class Engine:
         if slot is None:  # no room when the layer started: make it now, sparing experts still to compute
             slot = self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=pending - {key})
             if slot is None:
-                slot = self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=())
+                slot = self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=(), force=True)
             if slot is None:
                 raise BudgetError(f"the expert cache ({self.cache.capacity_bytes} bytes) cannot hold one expert "
                                   f"({self.expert_bytes} bytes)")
@@ -393,8 +403,10 @@ class Engine:
         return [k for k, s in self.cache.slots.items()
                 if k != in_use and (clock.ready(s.transfer) or not clock.started(s.transfer))]
 
-    def make_room(self, nbytes: int, protect=(), needed: ExpertKey | None = None) -> bool:
-        """Evict the strategy's choices until ``nbytes`` are free; False when nothing more may be evicted."""
+    def make_room(self, nbytes: int, protect=(), needed: ExpertKey | None = None, force: bool = False) -> bool:
+        """Evict the strategy's choices until ``nbytes`` are free. False when nothing more may be evicted, or
+        when the strategy declines (``choose_victim`` returned None) and ``force`` is not set; with ``force``
+        the least recently used candidate goes, so that a forward always makes progress."""
         cache = self.cache
         while cache.free_bytes < nbytes:
             candidates = [k for k in self.evictable() if k not in protect]
@@ -405,6 +417,10 @@ class Engine:
                 self.clock.wait(min(landing, key=lambda s: self.clock.expected_arrival(s.transfer)).transfer)
                 continue
             victim = self.strategy.choose_victim(candidates, needed)
+            if victim is None:
+                if not force:
+                    return False
+                victim = candidates[0]
             if victim not in candidates:
                 raise EngineViolation(f"strategy {self.strategy.name!r} chose {victim} to evict, which is not "
                                       f"evictable now (in use, mid-copy, protected or not cached)")
@@ -420,8 +436,8 @@ class Engine:
         slot = self.cache.get(key)
         return None if slot is None else self.clock.expected_arrival(slot.transfer)
 
-    def _fetch(self, key: ExpertKey, priority: float, *, prefetched: bool, protect) -> Slot | None:
-        if not self.make_room(self.expert_bytes, protect=protect, needed=key):
+    def _fetch(self, key: ExpertKey, priority: float, *, prefetched: bool, protect, force=False) -> Slot | None:
+        if not self.make_room(self.expert_bytes, protect=protect, needed=key, force=force):
             return None
         src = self.store.weights[key]
         landed = []
@@ -429,7 +445,7 @@ class Engine:
         def copy():
             landed.extend(t.to(self.device, dtype=self.compute_dtype, non_blocking=True) for t in src)
 
-        transfer = self.clock.issue(key, int(self.geometry.expert_bytes * self.geometry.layer_scale), priority, copy)
+        transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
         slot = Slot(key, self.expert_bytes, tuple(landed), transfer, prefetched)
         self.cache.insert(slot)
         self.stats.h2d_bytes += self.expert_bytes

@@ -127,8 +127,10 @@ class Strategy:
         ``bytes_ratio`` being the substitute's bytes over the full expert's (for the modeled clock)."""
         raise NotImplementedError(f"strategy {self.name!r} returned SUBSTITUTE without a substitute()")
 
-    def choose_victim(self, candidates: Sequence[ExpertKey], needed: ExpertKey | None) -> ExpertKey:
-        """Pick one of ``candidates`` (least recently used first) to evict to make room for ``needed``."""
+    def choose_victim(self, candidates: Sequence[ExpertKey], needed: ExpertKey | None) -> ExpertKey | None:
+        """Pick one of ``candidates`` (least recently used first) to evict to make room for ``needed``, or
+        return None to decline: the engine then fetches ``needed`` later in the layer, when experts it has
+        computed become candidates (it forces the least recently used one only if nothing else can work)."""
         return candidates[0]
 
     def after_layer(self, layer: int, experts: Sequence[int]) -> None:

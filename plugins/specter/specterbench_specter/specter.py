@@ -225,7 +225,7 @@ class Specter(SpeculativeDecoding):
 
     def attach(self, engine):
         super().attach(engine)
-        self.per_layer = max(engine.top_k, self.slots // engine.num_layers)
+        self.per_layer = max(1, self.slots // engine.num_layers)  # M: what the budget allows per layer
 
     def begin_window(self):
         super().begin_window()
@@ -245,7 +245,8 @@ class Specter(SpeculativeDecoding):
                     self.waiting.append(key)
         # bandwidth-aware chunk: what the link can move while the next draft step runs
         bw = engine.link_bytes_per_s()
-        budget = len(self.waiting) if bw is None or step_s <= 0 else max(1, int(bw * step_s // engine.expert_bytes))
+        budget = (len(self.waiting) if bw is None or step_s <= 0
+                  else max(1, int(bw * step_s // engine.priced_expert_bytes)))
         self._issue(budget)
 
     def before_verify(self):
