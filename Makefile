@@ -14,7 +14,12 @@ CLOCK ?= modeled
 GEOMETRY ?=
 BENCH_ARGS ?=
 
-.PHONY: install bench test list clean
+# the deterministic CI gate: a fixed grid on the modeled clock, compared with results/reference
+GATE_RUN_ARGS ?= --model tiny-random-mixtral --strategies on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,resident,oracle,spec-decode,specter \
+  --budgets 50%,70% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 --quiet
+BENCH_COMPARE_FAIL ?= median:25%
+
+.PHONY: install bench test list clean reference gate bench-wallclock bench-wallclock-compare overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +40,32 @@ bench:
 
 test:
 	$(BIN)/python -m pytest
+
+# refresh the committed reference on purpose (then review the printed comparison and commit results/reference)
+reference:
+	rm -rf results/reference-previous && mkdir -p results/reference-previous results/reference
+	-mv results/reference/rows.jsonl results/reference/summary.md results/reference-previous/ 2>/dev/null
+	rm -rf results/reference/plots
+	$(BIN)/specterbench run $(GATE_RUN_ARGS) --out results --run-id reference
+	-test -f results/reference-previous/rows.jsonl && $(BIN)/specterbench compare results/reference-previous results/reference --only-changed
+
+gate:
+	rm -rf results/gate-run
+	$(BIN)/specterbench run $(GATE_RUN_ARGS) --out results --run-id gate-run || test $$? -eq 1
+	$(BIN)/specterbench gate results/gate-run --reference results/reference --rules results/reference/gate.toml
+
+# the harness's own hot paths (host wall time, pytest-benchmark); not the speed-up gate
+bench-wallclock:
+	mkdir -p results/benchmarks
+	$(BIN)/python -m pytest benchmarks -o python_files='bench_*.py' --benchmark-only \
+	  --benchmark-storage=file://results/benchmarks --benchmark-autosave \
+	  --benchmark-json=results/benchmarks/wallclock.json $(WALLCLOCK_ARGS)
+
+bench-wallclock-compare:
+	$(MAKE) bench-wallclock WALLCLOCK_ARGS='--benchmark-compare --benchmark-compare-fail=$(BENCH_COMPARE_FAIL)'
+
+overhead:
+	$(BIN)/specterbench overhead --model $(MODEL)
 
 list:
 	$(BIN)/specterbench list

@@ -96,11 +96,15 @@ def cmd_run(args) -> int:
         host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=runner.rows)
     rows_path = run_dir / "rows.jsonl"
     if rows_path.exists():
-        summary = write_summary(run_dir)
+        from .plots import write_plots
         from .results import read_rows
 
-        print(render_markdown(read_rows(rows_path)), end="")
+        rows = read_rows(rows_path)
+        summary = write_summary(run_dir, rows)
+        print(render_markdown(rows), end="")
         print(f"rows: {rows_path}\nsummary: {summary}")
+        for plot in write_plots(run_dir, rows):
+            print(f"plot: {plot}")
     if interrupted:
         print(f"specterbench: interrupted; {len(runner.rows)} finished rows kept in {run_dir}; continue with "
               f"--resume {run_dir}", file=sys.stderr)
@@ -117,10 +121,14 @@ def cmd_report(args) -> int:
     from .report import render_markdown, write_summary
     from .results import read_rows
 
+    from .plots import write_plots
+
     rows = read_rows(Path(args.run_dir), on_error=args.on_error)
     path = write_summary(Path(args.run_dir), rows)
     print(render_markdown(rows), end="")
     print(f"summary: {path}")
+    for plot in write_plots(Path(args.run_dir), rows):
+        print(f"plot: {plot}")
     return 0
 
 
@@ -135,6 +143,32 @@ def cmd_overhead(args) -> int:
           f"min {min(r.ratios):.3f}, max {max(r.ratios):.3f})")
     print(f"  same tokens            {'yes' if r.tokens_equal else 'NO'}")
     return 0 if r.tokens_equal else 1
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare_runs, render_comparison
+    from .results import read_rows
+
+    base = read_rows(Path(args.base), on_error=args.on_error)
+    new = read_rows(Path(args.new), on_error=args.on_error)
+    df = compare_runs(base, new, alpha=args.alpha, metrics=_csv(args.metrics) or None)
+    print(render_comparison(df, only_changed=args.only_changed), end="")
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from .gate import DEFAULT_RULES, load_reference, load_rules, parse_rule, render, run_gate
+    from .results import read_rows
+
+    rules = [parse_rule(t) for t in args.rule or []]
+    if args.rules or not rules:
+        rules = list(load_rules(args.rules or DEFAULT_RULES)) + rules
+    rows = read_rows(Path(args.run_dir), on_error=args.on_error)
+    needs_reference = any(r.needs_reference for r in rules)
+    reference = load_reference(args.reference, on_error=args.on_error) if needs_reference else []
+    result = run_gate(rows, reference, rules)
+    print(render(result, passes=not args.failures_only), end="")
+    return result.exit_code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,10 +212,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=1)
     s.set_defaults(func=cmd_overhead)
 
-    s = sub.add_parser("report", help="rewrite summary.md of a run and print its table")
+    s = sub.add_parser("report", help="rewrite summary.md and plots of a run and print its table")
     s.add_argument("run_dir")
     s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("compare", help="per-metric deltas between two runs, with direction and significance")
+    s.add_argument("base")
+    s.add_argument("new")
+    s.add_argument("--metrics", default="", help="comma-separated metrics (default: all with a direction)")
+    s.add_argument("--only-changed", action="store_true")
+    s.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
+    s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("gate", help="check a run against rules and the committed reference; exit 1 on failure")
+    s.add_argument("run_dir")
+    s.add_argument("--reference", default="results/reference")
+    s.add_argument("--rules", help="TOML rules file (default results/reference/gate.toml)")
+    s.add_argument("--rule", action="append", help="a rule, e.g. 'speedup strategy=specter over=best-other "
+                   "metric=tpot_ms min=1.5' (repeatable)")
+    s.add_argument("--failures-only", action="store_true")
+    s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
+    s.set_defaults(func=cmd_gate)
     return p
 
 

@@ -1,0 +1,41 @@
+"""Progress bars for long runs (per cell, per prompt): tqdm on a terminal, silent in CI and in logs.
+
+Quiet when the environment variable ``CI`` is set to anything but ``""``, ``0``, ``false`` or ``no``
+(GitHub Actions, GitLab and most CI systems set ``CI=true``), or when stderr is not a terminal (redirected
+to a file or a pipe), or when the caller passes ``quiet=True`` (e.g. ``--quiet``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable
+
+
+def is_quiet(stream=None) -> bool:
+    """True when progress bars should not be drawn on ``stream`` (default: the current ``sys.stderr``)."""
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+        return True
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return not (isatty is not None and isatty())
+    except (ValueError, OSError):  # a closed stream
+        return True
+
+
+def progress(iterable_or_total: Iterable | int, desc: str = "", *, unit: str = "it", leave: bool = True,
+             quiet: bool = False):
+    """A tqdm bar over an iterable, or a manual bar of ``total`` steps (call ``.update(n)``, then ``.close()``).
+
+    Disabled (still iterates, draws nothing) when ``quiet`` is True or :func:`is_quiet` says so. Use
+    ``leave=False`` for inner bars (per prompt) so that only the outer bar (per cell) stays on screen.
+    """
+    from tqdm import tqdm
+
+    stream = sys.stderr
+    disable = quiet or is_quiet(stream)
+    common = dict(desc=desc, unit=unit, leave=leave, disable=disable, file=stream, dynamic_ncols=True)
+    if isinstance(iterable_or_total, int):
+        return tqdm(total=iterable_or_total, **common)
+    return tqdm(iterable_or_total, **common)

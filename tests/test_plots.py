@@ -1,0 +1,100 @@
+import pytest
+
+from specterbench import plots
+from specterbench.plots import write_plots
+from specterbench.results import ResultRow
+
+
+def row(**kw) -> ResultRow:
+    base = dict(run_id="r", cell="c", model="tiny", geometry="tiny", geometry_label="tiny",
+                priced_total_expert_bytes=100, strategy="lru", strategy_version="1", strategy_plugin="baselines",
+                lossless_strategy=True, budget_bytes=35, budget_fraction=0.35, total_expert_bytes=100,
+                profile="a100-40g-pcie4", clock="modeled", workload="w", prompts=2, new_tokens=8, seed=0, repeat=0,
+                tpot_ms=1.0, hit_rate=0.5, h2d_bytes_per_token=2e5, host_ms_per_token=3.0)
+    base.update(kw)
+    return ResultRow(**base)
+
+
+def spec(k, budget, hist, strategy="specter"):
+    return row(strategy=strategy, budget_fraction=budget, extra={"k": k, "accepted_length_hist": hist,
+                                                                 "tokens_per_window": 2.0})
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every figure write_plots makes, to read its labels."""
+    made = []
+    original = plots._figure
+
+    def recording():
+        fig, ax = original()
+        made.append(ax)
+        return fig, ax
+
+    monkeypatch.setattr(plots, "_figure", recording)
+    return made
+
+
+def grid():
+    rows = [row(strategy=s, budget_fraction=b, tpot_ms=t * b) for s, t in (("lru", 2.0), ("static", 1.5))
+            for b in (0.35, 0.5)]
+    rows.append(row(strategy="resident", budget_fraction=1.0, tpot_ms=0.5, hit_rate=1.0, h2d_bytes_per_token=0.0))
+    rows.append(row(strategy="broken", status="error", error="boom", tpot_ms=None))
+    return rows
+
+
+def test_budget_plots_are_pngs_with_units_and_the_modeled_profile(tmp_path, figures):
+    paths = write_plots(tmp_path, grid())
+    assert [p.name.split("__")[0] for p in paths] == ["tpot_vs_budget", "hit_rate_vs_budget",
+                                                      "h2d_bytes_per_token_vs_budget"]
+    for p in paths:
+        assert p.parent == tmp_path / "plots" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    tpot, hit, h2d = figures
+    assert tpot.get_ylabel() == "TPOT (ms/token)\nmodeled (a100-40g-pcie4)"
+    assert "fraction" in hit.get_ylabel() and "modeled (a100-40g-pcie4)" in hit.get_ylabel()
+    assert "KB/token" in h2d.get_ylabel()
+    assert tpot.get_xlabel() == "expert budget (% of all expert bytes)"
+
+
+def test_error_rows_are_left_out_and_strategies_are_lines(tmp_path, figures):
+    write_plots(tmp_path, grid())
+    legend = [t.get_text() for t in figures[0].get_legend().get_texts()]
+    assert legend == ["lru", "resident (at 100%)", "static"]
+    lru = next(line for line in figures[0].get_lines() if line.get_label() == "lru")
+    assert list(lru.get_xdata()) == [35.0, 50.0] and list(lru.get_ydata()) == [0.7, 1.0]
+
+
+def test_host_clock_plots_host_wall_time_never_tpot(tmp_path, figures):
+    write_plots(tmp_path, [row(clock="host", profile="-", tpot_ms=None)])
+    assert figures[0].get_ylabel().startswith("host wall time (ms/token)") and "not a GPU's TPOT" in \
+        figures[0].get_ylabel()
+
+
+def test_a_projection_says_so(tmp_path, figures):
+    write_plots(tmp_path, [row(geometry="mixtral")])
+    assert "priced at mixtral sizes" in figures[0].get_xlabel()
+    assert "priced at mixtral geometry (projection)" in figures[0].get_title()
+
+
+def test_accepted_length_vs_k_when_the_run_has_several_k(tmp_path, figures):
+    rows = [spec(2, 0.5, {"0": 1, "2": 3}), spec(4, 0.7, {"1": 2, "4": 2})]
+    paths = write_plots(tmp_path, rows)
+    assert paths[-1].name.startswith("accepted_vs_k__")
+    ax = figures[-1]
+    line = next(x for x in ax.get_lines() if x.get_label() == "specter")
+    assert list(line.get_xdata()) == [2, 4] and list(line.get_ydata()) == [1.5, 2.5]
+    assert ax.get_xlabel().startswith("K (") and "(tokens)" in ax.get_ylabel()
+
+
+def test_accepted_length_histogram_with_a_single_k(tmp_path, figures):
+    rows = [spec(2, 0.5, {"0": 1, "2": 3}), spec(2, 0.7, {"1": 4}), spec(2, 0.5, {"2": 2}, strategy="spec-decode")]
+    paths = write_plots(tmp_path, rows)
+    assert paths[-1].name.startswith("accepted_length_hist__")
+    ax = figures[-1]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["spec-decode (2 windows)",
+                                                                   "specter (8 windows)"]
+    assert "K = 2" in ax.get_xlabel()
+
+
+def test_a_run_without_ok_rows_has_no_plots(tmp_path):
+    assert write_plots(tmp_path, [row(status="error", error="x")]) == []
