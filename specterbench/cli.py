@@ -86,7 +86,7 @@ def cmd_run(args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
     runner = Runner(host, config, run_dir, resume=bool(args.resume), progress=progress)
-    host.pm.hook.specterbench_run_start(run_dir=run_dir, specs=config)
+    host.pm.hook.specterbench_run_start(run_dir=run_dir, config=config)
     interrupted = False
     try:
         runner.run()
@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list", help="strategies, models and profiles, with the plugin each comes from")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_list)
+
+    from .plugins_cli import add_parser as add_plugins_parser
+
+    add_plugins_parser(sub)
 
     s = sub.add_parser("run", help="run strategies side by side and write results/<run-id>/")
     s.add_argument("--model", default="tiny-random-mixtral", help="model name(s), comma-separated")

@@ -70,11 +70,12 @@ def specterbench_register_host_profiles(register):
 
 
 @hookspec
-def specterbench_run_start(run_dir, specs):
+def specterbench_run_start(run_dir, config):
     """A benchmark run is about to start.
 
     :param run_dir: ``pathlib.Path`` of the run's output folder (``rows.jsonl`` is appended there).
-    :param specs: list of :class:`specterbench.runner.CellSpec`, one per (model, strategy, budget, repeat).
+    :param config: the :class:`specterbench.runner.BenchConfig` describing the grid (models, strategies,
+        budgets, profile, clock, workload, tokens, repeats, seed).
     :return: ignored.
     """
 

@@ -2,15 +2,30 @@
 
 - ``host``: a fresh plugin host for the test (registrations made with ``host.register`` vanish afterwards).
 - ``small_prompts``: three short fixed prompts in place of the shipped workloads, for fast engine tests.
+- the ``slow`` marker: tests over 30 s on two CPU cores (``-m 'not slow'`` skips them).
+
+It also loads the strategy conformance battery (:mod:`specterbench.conformance`): ``pytest
+--specterbench-strategy=NAME`` runs it against any installed strategy.
 """
 
+from importlib.metadata import entry_points
+
 import pytest
+
+# Load the battery through this plugin unless it has a pytest11 entry point of its own (registering the module
+# twice, under two names, would stop pytest).
+CONFORMANCE = "specterbench.conformance"
+pytest_plugins = [] if any(ep.value == CONFORMANCE for ep in entry_points(group="pytest11")) else [CONFORMANCE]
 
 SMALL_PROMPTS = [
     ("p0", "Shall I compare thee to a summer's day? Thou art more lovely and more temperate."),
     ("p1", "To be, or not to be, that is the question: whether 'tis nobler in the mind"),
     ("p2", "Now is the winter of our discontent made glorious summer by this sun of York"),
 ]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: over 30 s on two CPU cores; deselect with -m 'not slow'")
 
 
 @pytest.fixture
