@@ -156,6 +156,9 @@ class SpeculativeDecoding(Strategy):
         return out
 
     # window hooks: the draft's routing, the target's routing during verification
+    def on_request_start(self, request):
+        self.begin_window()  # no stale predictions from the last request's window during this prefill
+
     def begin_window(self):
         self.window_draft: dict[int, Counter] = {}
         self.window_target: dict[int, set] = {}
@@ -219,67 +222,71 @@ class SpecDecode(SpeculativeDecoding):
 
 
 class Specter(SpeculativeDecoding):
+    """Speculative offloading: the draft's routing over the window is the prefetch plan.
+
+    Every expert the draft routed to in the window is *predicted*; predicted experts are brought in by order of
+    need — layer first (the verification runs layer by layer), then how many draft tokens used them — for as
+    many per layer as the budget allows (top-M), while the draft still runs, in chunks the link can move during
+    one draft step (bandwidth measured from the copies so far). Room is made by evicting experts the draft did
+    not predict (least recently used first), then predicted ones of layers the verification has passed.
+    """
+
     name = "specter"
     description = ("speculative offloading: 4-bit self-draft runs K ahead, its routing plans top-M prefetch per "
                    "layer, target verifies K tokens in one pass")
 
-    def attach(self, engine):
-        super().attach(engine)
-        self.per_layer = max(1, self.slots // engine.num_layers)  # M: what the budget allows per layer
-
     def begin_window(self):
         super().begin_window()
-        self.plan: dict[tuple[int, int], float] = {}  # key -> priority; planned (issued or waiting)
-        self.waiting: list[tuple[int, int]] = []  # planned, not yet issued, in order of need
+        self.planned: set[tuple[int, int]] = set()  # issued or found cached this window
         self.verify_layer = -1
+
+    def waiting(self) -> list[tuple[int, int]]:
+        """Predicted experts not yet planned, earliest needed first."""
+        keys = [(layer, e, n) for layer, counts in self.window_draft.items() for e, n in counts.items()
+                if (layer, e) not in self.planned]
+        return [(layer, e) for layer, e, n in sorted(keys, key=lambda x: (x[0], -x[2], x[1]))]
 
     def after_draft_step(self, step, routing, step_s):
         super().after_draft_step(step, routing, step_s)
         engine = self.engine
-        for layer, experts, counts in routing:
-            top = [e for e, _ in self.window_draft[layer].most_common(self.per_layer)]
-            for e in top:
-                key = (layer, e)
-                if key not in self.plan:
-                    self.plan[key] = -float(layer)  # the verification needs earlier layers first
-                    self.waiting.append(key)
-        # bandwidth-aware chunk: what the link can move while the next draft step runs
-        bw = engine.link_bytes_per_s()
-        budget = (len(self.waiting) if bw is None or step_s <= 0
-                  else max(1, int(bw * step_s // engine.priced_expert_bytes)))
-        self._issue(budget)
+        bw = engine.link_bytes_per_s()  # bandwidth-aware chunk: what the link moves during one draft step
+        chunk = None if bw is None or step_s <= 0 else max(1, int(bw * step_s // engine.priced_expert_bytes))
+        self._issue(chunk)
 
     def before_verify(self):
         super().before_verify()
-        self._issue(len(self.waiting))
+        self._issue(None)
 
     def _issue(self, n):
         engine = self.engine
-        protect = set(self.plan)
-        while n > 0 and self.waiting:
-            key = self.waiting.pop(0)
-            n -= 1
+        predicted = {(layer, e) for layer, counts in self.window_draft.items() for e in counts}
+        for key in self.waiting()[:n]:
             if key in engine.cache:
                 engine.cache.touch(key)
-                continue
-            if not engine.make_room(engine.expert_bytes, protect=protect, needed=key):
-                self.waiting.clear()  # the rest of the plan does not fit beside what it protects
-                return
-            engine.prefetch(key, priority=self.plan[key])
+            elif engine.make_room(engine.expert_bytes, protect=predicted, needed=key):
+                engine.prefetch(key, priority=-float(key[0]))  # the verification needs earlier layers first
+            else:
+                return  # the cache holds only predicted experts: the budget allows no more
+            self.planned.add(key)
 
     def before_layer(self, layer, experts, tokens_per_expert):
         super().before_layer(layer, experts, tokens_per_expert)
-        self.verify_layer = layer
+        if self.verifying:
+            self.verify_layer = layer
 
     def choose_victim(self, candidates, needed):
-        unplanned = [k for k in candidates if k not in self.plan]
-        if unplanned:
-            return unplanned[0]
+        predicted = self.window_draft
+        unpredicted = [k for k in candidates if k[1] not in predicted.get(k[0], ())]
+        if unpredicted:
+            return unpredicted[0]
         done = [k for k in candidates if k[0] < self.verify_layer]  # layers the verification has passed
-        return (done or candidates)[0]
+        if done:
+            return done[0]
+        # all predicted and still ahead: give up the one fewest draft tokens used, from the latest layer
+        return min(candidates, key=lambda k: (predicted[k[0]][k[1]], -k[0]))
 
     def predicted(self):
         pred: dict[int, set] = {}
-        for layer, e in self.plan:
+        for layer, e in self.planned:
             pred.setdefault(layer, set()).add(e)
         return pred
