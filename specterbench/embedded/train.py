@@ -1,0 +1,379 @@
+"""Train one embedded MoE model on the Shakespeare training works (CPU, one thread, fixed seed).
+
+    python -m specterbench.embedded.train --model tiny-mixtral [--steps N | --minutes M] [--seed 0]
+
+Writes ``specterbench/embedded/models/<NAME>/``: config.json, model.safetensors (bfloat16),
+tokenizer files, training.json (the numbers behind the card) and CARD.md.
+
+Without ``--minutes`` the step count is the model's fixed default (reproducible). With ``--minutes``
+the script times a few steps first and picks the step count that fits the budget.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+from specterbench.embedded import data  # noqa: E402
+from specterbench.embedded import tokenizer as tok_mod  # noqa: E402
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    arch: str  # "mixtral" | "qwen2_moe"
+    config: dict
+    steps: int
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_frac: float = 0.04
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100
+
+
+CONTEXT = 256
+
+SPECS: dict[str, Spec] = {
+    "tiny-mixtral": Spec(
+        name="tiny-mixtral",
+        arch="mixtral",
+        config=dict(
+            hidden_size=256,
+            intermediate_size=160,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_local_experts=8,
+            num_experts_per_tok=2,
+            max_position_embeddings=CONTEXT,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            router_aux_loss_coef=0.01,
+            router_jitter_noise=0.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        steps=800,
+    ),
+    "tiny-qwen-moe": Spec(
+        name="tiny-qwen-moe",
+        arch="qwen2_moe",
+        config=dict(
+            hidden_size=192,
+            intermediate_size=384,  # unused: every layer is MoE (mlp_only_layers=[])
+            num_hidden_layers=6,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            num_experts=32,
+            num_experts_per_tok=4,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=192,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            norm_topk_prob=False,
+            qkv_bias=True,
+            max_position_embeddings=CONTEXT,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            use_sliding_window=False,
+            router_aux_loss_coef=0.01,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        steps=800,
+    ),
+}
+
+
+def build_config(spec: Spec, tokenizer):
+    special = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        initializer_range=0.02,
+        attention_dropout=0.0,
+        use_cache=True,
+    )
+    if spec.arch == "mixtral":
+        from transformers import MixtralConfig
+
+        return MixtralConfig(**spec.config, **special)
+    from transformers import Qwen2MoeConfig
+
+    return Qwen2MoeConfig(**spec.config, **special)
+
+
+def build_model(config):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model
+
+
+def encode_works(tokenizer, works) -> torch.Tensor:
+    """Concatenate works, each followed by EOS, into one long int64 tensor."""
+    ids: list[int] = []
+    for w in works:
+        ids.extend(tokenizer(w.text, add_special_tokens=False)["input_ids"])
+        ids.append(tokenizer.eos_token_id)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def heldout_windows(tokens: torch.Tensor, seq_len: int, limit: int | None = None) -> torch.Tensor:
+    """Non-overlapping windows of seq_len+1 tokens (input + shifted target), in order."""
+    n = (len(tokens) - 1) // seq_len
+    if limit is not None:
+        # evenly spaced subset, deterministic
+        idx = torch.linspace(0, n - 1, steps=min(limit, n)).round().long()
+    else:
+        idx = torch.arange(n)
+    return torch.stack([tokens[i * seq_len : i * seq_len + seq_len + 1] for i in idx.tolist()])
+
+
+@torch.no_grad()
+def evaluate(model, windows: torch.Tensor, batch_size: int = 32) -> float:
+    """Mean next-token cross-entropy (nats/token) over the windows."""
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(windows), batch_size):
+        chunk = windows[i : i + batch_size]
+        logits = model(input_ids=chunk[:, :-1], use_cache=False).logits.float()
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1), reduction="sum"
+        )
+        total += loss.item()
+        count += chunk[:, 1:].numel()
+    if was_training:
+        model.train()
+    return total / count
+
+
+def lr_at(step: int, total: int, spec: Spec) -> float:
+    warm = max(1, int(spec.warmup_frac * total))
+    if step < warm:
+        return spec.lr * (step + 1) / warm
+    progress = (step - warm) / max(1, total - warm)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return spec.lr * (spec.min_lr_ratio + (1 - spec.min_lr_ratio) * cosine)
+
+
+def make_optimizer(model, spec: Spec):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "norm" in name or name.endswith(".bias") else decay).append(p)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+
+
+def count_params(model) -> dict:
+    total = sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    return {"total": total, "routed_experts": experts, "non_expert": total - experts}
+
+
+def _set_seed(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(name: str, steps: int | None = None, minutes: float | None = None, seed: int = 0,
+          out_dir: Path | None = None, log=print) -> Path:
+    if name not in SPECS:
+        from specterbench.errors import UsageError
+
+        raise UsageError(f"unknown embedded model {name!r}: choose one of {', '.join(SPECS)}")
+    spec = SPECS[name]
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    _set_seed(seed)
+    out_dir = Path(out_dir) if out_dir is not None else MODELS_DIR / name
+    t_start = time.time()
+
+    tokenizer = tok_mod.train_tokenizer()
+    tokenizer.model_max_length = 10**9  # whole works are encoded at once; windows are cut below
+    train_tokens = encode_works(tokenizer, data.train_works())
+    held_tokens = encode_works(tokenizer, data.heldout_works())
+    log(f"[{name}] tokenizer vocab={len(tokenizer)} train_tokens={len(train_tokens)} heldout_tokens={len(held_tokens)}")
+
+    config = build_config(spec, tokenizer)
+    _set_seed(seed)
+    model = build_model(config)
+    model.train()
+    params = count_params(model)
+    log(f"[{name}] params={params}")
+    opt = make_optimizer(model, spec)
+    gen = torch.Generator().manual_seed(seed)
+    eval_small = heldout_windows(held_tokens, spec.seq_len, limit=64)
+
+    def batch():
+        starts = torch.randint(0, len(train_tokens) - spec.seq_len - 1, (spec.batch_size,), generator=gen)
+        return torch.stack([train_tokens[s : s + spec.seq_len + 1] for s in starts.tolist()])
+
+    def step_fn(step: int, total: int) -> tuple[float, float]:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total, spec)
+        b = batch()
+        out = model(input_ids=b[:, :-1], output_router_logits=True, use_cache=False)
+        ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), b[:, 1:].reshape(-1))
+        loss = ce + config.router_aux_loss_coef * out.aux_loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        opt.step()
+        return ce.item(), float(out.aux_loss.detach())
+
+    total_steps = steps or spec.steps
+    history = []
+    step = 0
+    t_train = time.time()
+    cpu_train = time.process_time()
+    if minutes is not None and steps is None:
+        # Calibrate: time a few steps at a provisional schedule, then fix the total.
+        probe = 8
+        t0 = time.time()
+        for step in range(probe):
+            ce, aux = step_fn(step, 10_000)
+        per_step = (time.time() - t0) / probe
+        remaining = minutes * 60 - (time.time() - t_start) - 45  # leave time for evaluation + save
+        total_steps = max(probe + 10, probe + int(remaining / (per_step * 1.04)))
+        step = probe
+        log(f"[{name}] calibrated: {per_step:.3f}s/step -> {total_steps} steps for {minutes} min")
+    while step < total_steps:
+        ce, aux = step_fn(step, total_steps)
+        step += 1
+        if step % 10 == 0:
+            history.append({"step": step, "train_ce": round(ce, 4), "aux": round(aux, 4)})
+        if step % spec.eval_every == 0 or step == total_steps:
+            held = evaluate(model, eval_small)
+            el = time.time() - t_train
+            tps = step * spec.batch_size * spec.seq_len / el
+            log(f"[{name}] step {step}/{total_steps} ce={ce:.3f} aux={aux:.3f} heldout(64w)={held:.3f} "
+                f"lr={lr_at(step - 1, total_steps, spec):.2e} {el:.0f}s {tps:.0f} tok/s")
+            history.append({"step": step, "heldout_ce_subset": round(held, 4)})
+    train_wall = time.time() - t_train
+    train_cpu = time.process_time() - cpu_train
+
+    # Full held-out evaluation in float32, then save bf16 and check it reloads in fp32 and bf16.
+    full = heldout_windows(held_tokens, spec.seq_len)
+    held_fp32_trained = evaluate(model, full)
+    log(f"[{name}] held-out (trained fp32 weights) loss={held_fp32_trained:.4f} ppl={math.exp(held_fp32_trained):.2f}")
+
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    model.config.output_router_logits = False
+    model.config.use_cache = True
+    model.to(torch.bfloat16)
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    for f in out_dir.iterdir():
+        f.chmod(0o644)
+    tok_mod.save(tokenizer, out_dir, CONTEXT)
+
+    from specterbench import embedded
+
+    # bf16 matmuls are very slow on CPUs without AVX512-BF16: compare dtypes on a 64-window subset.
+    subset = heldout_windows(held_tokens, spec.seq_len, limit=64)
+    loaded_eval, subset_eval = {}, {}
+    for dtype in (torch.float32, torch.bfloat16):
+        m, _ = embedded.load(name, dtype=dtype, path=out_dir)
+        key = str(dtype).replace("torch.", "")
+        if dtype == torch.float32:
+            loaded_eval[key] = evaluate(m, full)
+        subset_eval[key] = evaluate(m, subset)
+        del m
+    log(f"[{name}] reloaded bf16 weights: full held-out loss (fp32 compute) {loaded_eval}; 64-window subset {subset_eval}")
+
+    info = {
+        "model": name,
+        "arch": spec.arch,
+        "seed": seed,
+        "steps": total_steps,
+        "batch_size": spec.batch_size,
+        "seq_len": spec.seq_len,
+        "tokens_seen": total_steps * spec.batch_size * spec.seq_len,
+        "lr": spec.lr,
+        "schedule": f"AdamW(b1=0.9,b2=0.95,wd={spec.weight_decay}) linear warmup {spec.warmup_frac:.0%} then cosine to {spec.min_lr_ratio}x",
+        "grad_clip": spec.grad_clip,
+        "router_aux_loss_coef": config.router_aux_loss_coef,
+        "train_wall_s": round(train_wall, 1),
+        "train_cpu_s": round(train_cpu, 1),
+        "total_wall_s": round(time.time() - t_start, 1),
+        "threads": torch.get_num_threads(),
+        "params": params,
+        "train_tokens_corpus": len(train_tokens),
+        "heldout_tokens_corpus": len(held_tokens),
+        "heldout_eval_windows": len(full),
+        "heldout_loss_fp32_trained": round(held_fp32_trained, 4),
+        "heldout_loss": {k: round(v, 4) for k, v in loaded_eval.items()},
+        "heldout_ppl": {k: round(math.exp(v), 2) for k, v in loaded_eval.items()},
+        "heldout_subset64_loss": {k: round(v, 4) for k, v in subset_eval.items()},
+        "split": data.split_summary(),
+        "environment": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+            "tokenizers": __import__("tokenizers").__version__,
+            "cpu": platform.processor() or platform.machine(),
+        },
+        "history": history,
+    }
+    (out_dir / "training.json").write_text(json.dumps(info, indent=1) + "\n")
+    try:
+        from specterbench.embedded import card
+
+        card.write_card(name, out_dir)
+    except Exception as err:  # routing stats / card are regenerated by `routing_stats --write-card`
+        log(f"[{name}] card not written ({type(err).__name__}: {err}); run "
+            f"`python -m specterbench.embedded.routing_stats --model {name} --write-card`")
+    log(f"[{name}] done in {time.time() - t_start:.0f}s -> {out_dir}")
+    return out_dir
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specterbench.embedded.train", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, choices=sorted(SPECS))
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the model's fixed count)")
+    g.add_argument("--minutes", type=float, default=None, help="wall-time budget; calibrates the step count")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=None, help="output dir (default: the package's models/<NAME>)")
+    args = p.parse_args(argv)
+    train(args.model, steps=args.steps, minutes=args.minutes, seed=args.seed, out_dir=args.out,
+          log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
