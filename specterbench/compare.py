@@ -1,6 +1,7 @@
 """Compare two runs cell by cell: per-metric medians, deltas, direction, verdict and significance.
 
-A *cell* is one (model, geometry, strategy, budget fraction, profile, clock, workload, new tokens); repeats of a
+A *cell* is one (model, geometry, strategy with its options, budget fraction, profile, clock, workload, new tokens,
+prompts); repeats of a
 cell are pooled. Each metric of :data:`specterbench.results.DIRECTIONS` is compared with its own direction, so
 a lower TPOT is *better* and a lower hit rate is *worse*.
 
@@ -22,7 +23,8 @@ from .errors import UsageError
 from .results import DIRECTIONS, ResultRow
 
 ALPHA = 0.05
-CELL_FIELDS = ("model", "geometry", "strategy", "budget_fraction", "profile", "clock", "workload", "new_tokens")
+CELL_FIELDS = ("model", "geometry", "strategy", "budget_fraction", "profile", "clock", "workload", "new_tokens",
+               "prompts")
 # metrics that are a median of raw per-token samples, and the samples' key in ``row.samples``
 SAMPLE_KEYS = {"tpot_ms": "tpot_ms", "host_ms_per_token": "host_ms", "ttft_ms": "ttft_ms"}
 # what must be equal for two sets of rows to be comparable, and how to name it
@@ -32,7 +34,8 @@ COMPATIBLE = (("schema_version", "schema version"), ("model", "model"), ("geomet
 
 def cell_key(row: ResultRow) -> tuple:
     """The cell a row belongs to; budget fractions are rounded so that 0.35 and 0.3500001 match."""
-    return tuple(round(row.budget_fraction, 3) if f == "budget_fraction" else getattr(row, f) for f in CELL_FIELDS)
+    return tuple(round(row.budget_fraction, 3) if f == "budget_fraction" else
+                 row.strategy_label if f == "strategy" else getattr(row, f) for f in CELL_FIELDS)
 
 
 def check_compatible(base: list[ResultRow], new: list[ResultRow], names: tuple[str, str] = ("base", "new")) -> None:

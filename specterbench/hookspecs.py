@@ -74,8 +74,9 @@ def specterbench_run_start(run_dir, config):
     """A benchmark run is about to start.
 
     :param run_dir: ``pathlib.Path`` of the run's output folder (``rows.jsonl`` is appended there).
-    :param config: the :class:`specterbench.runner.BenchConfig` describing the grid (models, strategies,
-        budgets, profile, clock, workload, tokens, repeats, seed).
+    :param config: what the run covers: the :class:`specterbench.runner.BenchConfig` of ``specterbench run``
+        (models, strategies, budgets, profile, clock, workload, tokens, repeats, seed), or the
+        :class:`specterbench.sweep.Grid` of ``specterbench sweep``.
     :return: ignored.
     """
 

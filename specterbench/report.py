@@ -32,11 +32,13 @@ def summary_table(rows: list[ResultRow]):
                  "host": "host wall only"}[r.clock]
         records.append({
             "model": r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)",
-            "strategy": r.strategy,
+            "strategy": r.strategy_label,
             "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
                        f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),
             "_frac": r.budget_fraction,
             "clock": clock,
+            "workload": r.workload,
+            "tokens": r.new_tokens,
             "TPOT ms": r.tpot_ms,
             "TPOT p90 ms": r.tpot_p90_ms,
             "host ms/tok": r.host_ms_per_token,
@@ -51,7 +53,7 @@ def summary_table(rows: list[ResultRow]):
     df = pd.DataFrame(records)
     if df.empty:
         return df
-    keys = ["model", "strategy", "budget", "_frac", "clock", "lossless", "status"]
+    keys = ["model", "strategy", "budget", "_frac", "clock", "workload", "tokens", "lossless", "status"]
     df = df.groupby(keys, sort=False, dropna=False).median(numeric_only=True).reset_index()
     df = df.sort_values(["model", "_frac", "TPOT ms"], na_position="last").drop(columns="_frac")
     return df[[c for c in df.columns if c not in ("lossless", "status")] + ["lossless", "status"]]

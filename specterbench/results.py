@@ -86,6 +86,13 @@ class ResultRow:
     duration_s: float = 0.0
     schema_version: int = SCHEMA_VERSION
 
+    @property
+    def strategy_label(self) -> str:
+        """The strategy with its options, as cell keys name it: ``specter`` or ``specter[k=4]``."""
+        from .runner import strategy_label
+
+        return strategy_label(self.strategy, self.extra.get("strategy_options"))
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 

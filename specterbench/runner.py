@@ -7,6 +7,7 @@ and appends one row per cell to ``rows.jsonl`` as soon as the cell ends.
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 import time
@@ -108,6 +109,14 @@ class BenchConfig:
             geometry_preset(self.geometry)
 
 
+def strategy_label(name: str, options: dict | None) -> str:
+    """The strategy as a cell key names it: ``specter`` or, with options, ``specter[bits=4,k=8]`` (sorted)."""
+    if not options:
+        return name
+    parts = (f"{k}={v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in sorted(options.items()))
+    return f"{name}[{','.join(parts)}]"
+
+
 @dataclass(slots=True)
 class Reference:
     tokens: dict[str, tuple[int, ...]]
@@ -179,8 +188,8 @@ class Runner:
                  progress: Callable[[str], None] | None = None, env: dict | None = None):
         self.host = host
         self.config = config
-        self.run_dir = Path(run_dir)
-        self.writer = RowWriter(self.run_dir / "rows.jsonl")
+        self.run_dir = Path(run_dir)  # created on the first row: a sweep worker never touches the driver's folder
+        self._writer: RowWriter | None = None
         self.progress = progress or (lambda msg: None)
         self.env = env if env is not None else host.environment()
         self.done: set[str] = set()
@@ -189,6 +198,12 @@ class Runner:
                          if r.status != "error"}
         self.rows: list[ResultRow] = []
 
+    @property
+    def writer(self) -> RowWriter:
+        if self._writer is None:
+            self._writer = RowWriter(self.run_dir / "rows.jsonl")
+        return self._writer
+
     # ---- grid --------------------------------------------------------------------------------------
     def cells(self, model: str):
         cfg = self.config
@@ -196,9 +211,10 @@ class Runner:
             cls = self.host.strategies().get(sname)
             budgets = ([Budget("100%", fraction=cls.fixed_budget_fraction)]
                        if cls.fixed_budget_fraction is not None else cfg.budgets)
+            label = strategy_label(sname, cfg.strategy_options.get(sname))
             for budget in budgets:
                 for repeat in range(cfg.repeats):
-                    key = "|".join([model, cfg.geometry or "own", sname, budget.key(), cfg.workload, cfg.profile,
+                    key = "|".join([model, cfg.geometry or "own", label, budget.key(), cfg.workload, cfg.profile,
                                     cfg.clock,
                                     str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)])
                     yield key, sname, cls, budget, repeat
@@ -295,7 +311,10 @@ class Runner:
         hooks = self.host.pm.hook
         measuring = False
         try:
-            strategy = cls(**cfg.strategy_options.get(sname, {}))
+            options = cfg.strategy_options.get(sname, {})
+            if options:
+                row.extra["strategy_options"] = dict(options)
+            strategy = cls(**options)
             engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine))
             row.strategy_device_bytes = strategy.device_bytes(engine)
             strategy.prepare(engine, calibration if cls.uses_calibration else None)
