@@ -190,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--strategies", default="all", help="comma-separated names, or 'all'")
     s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
     s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")
-    s.add_argument("--geometry", default="", help="price the routing at a real model's sizes: mixtral, qwen-moe, "
-                   "deepseek-v2-lite, olmoe, phi-moe (a modeled projection)")
+    s.add_argument("--geometry", default="auto", help="price the routing at a real model's sizes: mixtral, qwen-moe, "
+                   "deepseek-v2-lite, olmoe, phi-moe (a modeled projection); 'auto' (default): the model an "
+                   "embedded one stands in for; 'own': the model's own sizes")
     s.add_argument("--host-profile", default="desktop-ddr5", help="host CPU profile (for cpu-experts)")
     s.add_argument("--clock", default="modeled", choices=("modeled", "measured"))
     s.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")

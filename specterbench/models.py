@@ -21,6 +21,7 @@ class ModelSpec:
     description: str
     load: Callable[[], tuple[torch.nn.Module, object]]  # -> (model in eval mode, tokenizer or None)
     kind: str = "random"  # random | embedded | preset
+    geometry: str | None = None  # the real model it stands in for: ``--geometry auto`` prices it at that size
 
 
 class ByteTokenizer:
@@ -172,7 +173,8 @@ def embedded_specs() -> list[ModelSpec]:
     from . import embedded
 
     families = {"tiny-mixtral": "mixtral", "tiny-qwen-moe": "qwen2_moe"}
-    return [ModelSpec(name=name, family=families.get(name, "?"), kind="embedded",
+    counterparts = {"tiny-mixtral": "mixtral", "tiny-qwen-moe": "qwen-moe"}
+    return [ModelSpec(name=name, family=families.get(name, "?"), kind="embedded", geometry=counterparts.get(name),
                       description="trained by the project on public-domain Shakespeare; ships in the package",
                       load=lambda name=name: embedded.load(name))
             for name in embedded.EMBEDDED_MODELS]

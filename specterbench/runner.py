@@ -69,7 +69,8 @@ class BenchConfig:
     budgets: tuple[Budget, ...]
     profile: str
     host_profile: str = "desktop-ddr5"  # the host CPU, for strategies that compute experts there
-    geometry: str | None = None  # price the model's routing at a real model's sizes (modeled projection)
+    geometry: str | None = None  # a preset (mixtral, qwen-moe, ...) to price the routing at a real model's sizes
+    # (a modeled projection); "auto": the real model an embedded one stands in for; None or "own": its own sizes
     clock: str = "modeled"  # modeled | measured
     workload: str = "shakespeare-heldout-v1"
     calibration: str = "calibration-v1"
@@ -102,11 +103,24 @@ class BenchConfig:
             host.strategies().entry(name)
         host.profiles().entry(self.profile)
         host.host_profiles().entry(self.host_profile)
-        if self.geometry is not None:
+        if self.geometry not in (None, "own", "auto"):
             if self.clock != "modeled":
                 raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "
                                  "can do; drop GEOMETRY or use --clock modeled")
             geometry_preset(self.geometry)
+
+    def geometry_for(self, spec) -> str | None:
+        """The geometry preset ``spec``'s routing is priced at, or None for its own sizes."""
+        return resolve_geometry(self.geometry, spec, self.clock)
+
+
+def resolve_geometry(geometry: str | None, spec, clock: str) -> str | None:
+    """``auto`` → the real model an embedded one stands in for (modeled clock only); ``own``/None → None."""
+    if geometry in (None, "own"):
+        return None
+    if geometry == "auto":
+        return spec.geometry if clock == "modeled" else None
+    return geometry
 
 
 def strategy_label(name: str, options: dict | None) -> str:
@@ -212,9 +226,10 @@ class Runner:
             budgets = ([Budget("100%", fraction=cls.fixed_budget_fraction)]
                        if cls.fixed_budget_fraction is not None else cfg.budgets)
             label = strategy_label(sname, cfg.strategy_options.get(sname))
+            geometry = cfg.geometry_for(self.host.models().get(model)) or "own"
             for budget in budgets:
                 for repeat in range(cfg.repeats):
-                    key = "|".join([model, cfg.geometry or "own", label, budget.key(), cfg.workload, cfg.profile,
+                    key = "|".join([model, geometry, label, budget.key(), cfg.workload, cfg.profile,
                                     cfg.clock,
                                     str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)])
                     yield key, sname, cls, budget, repeat
@@ -247,8 +262,9 @@ class Runner:
         spec = self.host.models().get(model_name)
         model, tokenizer = spec.load()
         engine = Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer)
-        if self.config.geometry is not None:
-            engine.geometry = project(engine.own_geometry, self.config.geometry)
+        geometry = self.config.geometry_for(spec)
+        if geometry is not None:
+            engine.geometry = project(engine.own_geometry, geometry)
         return engine
 
     def check_budgets(self, engine: Engine) -> None:

@@ -204,7 +204,7 @@ class SharedJob:
 
 def expand(grid: Grid, host: "PluginHost") -> list[Cell]:
     """Every cell of the grid, validated up front, in a stable order (model outermost); duplicates dropped."""
-    from .runner import BenchConfig, Runner
+    from .runner import BenchConfig, Runner, resolve_geometry
 
     strategies = tuple(host.strategies().names()) if grid.strategies == ("all",) else grid.strategies
     for sname in strategies:
@@ -232,7 +232,8 @@ def expand(grid: Grid, host: "PluginHost") -> list[Cell]:
             grid.models, grid.workloads or (default["workload"],), grid.prompts or (default["prompts"],),
             grid.tokens or (default["tokens"],), grid.geometries, grid.profiles, grid.seeds or (default["seed"],)):
         base = BenchConfig(models=(model,), strategies=strategies, budgets=grid.budgets, profile=profile,
-                           geometry=geometry, workload=workload, prompts=prompts, tokens=tokens, seed=seed,
+                           geometry=resolve_geometry(geometry, host.models().get(model),
+                                                     grid.settings.get("clock", "modeled")), workload=workload, prompts=prompts, tokens=tokens, seed=seed,
                            **grid.settings)
         base.validate(host)
         for sname in strategies:

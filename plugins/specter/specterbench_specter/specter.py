@@ -282,8 +282,8 @@ class Specter(SpeculativeDecoding):
         done = [k for k in candidates if k[0] < self.verify_layer]  # layers the verification has passed
         if done:
             return done[0]
-        # all predicted and still ahead: give up the one fewest draft tokens used, from the latest layer
-        return min(candidates, key=lambda k: (predicted[k[0]][k[1]], -k[0]))
+        # all predicted and still ahead: give up the one needed last (latest layer, fewest draft tokens)
+        return max(candidates, key=lambda k: (k[0], -predicted[k[0]][k[1]]))
 
     def predicted(self):
         pred: dict[int, set] = {}
