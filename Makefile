@@ -17,8 +17,9 @@ GRID ?= examples/grid.toml
 SWEEP_ARGS ?=
 
 # the deterministic CI gate: a fixed grid on the modeled clock, compared with results/reference
-GATE_RUN_ARGS ?= --model tiny-random-mixtral --strategies on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,resident,oracle,spec-decode,specter \
-  --budgets 50%,70% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 --quiet
+GATE_RUN_ARGS ?= --model tiny-qwen-moe --geometry qwen-moe \
+  --strategies on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,spec-decode,specter \
+  --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 --quiet
 BENCH_COMPARE_FAIL ?= median:25%
 
 .PHONY: install bench test conformance list clean models workloads routing-stats sweep reference gate bench-wallclock bench-wallclock-compare overhead
@@ -60,7 +61,7 @@ reference:
 gate:
 	rm -rf results/gate-run
 	$(BIN)/specterbench run $(GATE_RUN_ARGS) --out results --run-id gate-run || test $$? -eq 1
-	$(BIN)/specterbench gate results/gate-run --reference results/reference --rules results/reference/gate.toml
+	$(BIN)/specterbench gate results/gate-run --reference results/reference --rules results/reference/gate.toml --failures-only
 
 # the harness's own hot paths (host wall time, pytest-benchmark); not the speed-up gate
 bench-wallclock:
