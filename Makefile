@@ -14,6 +14,10 @@ CLOCK ?= modeled
 GEOMETRY ?= auto
 BENCH_ARGS ?=
 GRID ?= examples/grid.toml
+EVAL_MODEL ?= tiny-mixtral,tiny-qwen-moe
+EVAL_BUDGET ?= 50%
+EVAL_LIMIT ?=
+EVAL_ARGS ?=
 SWEEP_ARGS ?=
 
 # the deterministic CI gate: a fixed grid on the modeled clock, compared with results/reference
@@ -22,7 +26,7 @@ GATE_RUN_ARGS ?= --model tiny-qwen-moe --geometry qwen-moe \
   --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 --quiet
 BENCH_COMPARE_FAIL ?= median:25%
 
-.PHONY: install bench test conformance list clean models workloads routing-stats sweep reference gate bench-wallclock bench-wallclock-compare overhead
+.PHONY: install bench test conformance list clean models workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +94,11 @@ routing-stats:
 
 list:
 	$(BIN)/specterbench list
+
+# the quality table: reference, every strategy and the 4-bit draft alone on the shipped lm-eval tasks
+# (~25 min for both models on 2 cores; EVAL_LIMIT=40 for a quick look)
+eval:
+	$(BIN)/specterbench eval --model $(EVAL_MODEL) --budget '$(EVAL_BUDGET)' $(if $(EVAL_LIMIT),--limit $(EVAL_LIMIT)) $(EVAL_ARGS)
 
 # a grid of cells on local processes (or a Ray cluster: SWEEP_ARGS="--executor ray --address auto")
 sweep:

@@ -210,9 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_run)
 
+    from .evaluate import add_parser as add_eval_parser
     from .sweep import add_sweep_parser
 
     add_sweep_parser(sub)
+    add_eval_parser(sub)
 
     s = sub.add_parser("overhead", help="host wall time of the engine (all resident) vs stock model.generate")
     s.add_argument("--model", default="tiny-qwen-moe")

@@ -24,7 +24,8 @@ from .errors import PluginError, UsageError
 
 DISABLE_ENV = "SPECTERBENCH_DISABLE_PLUGIN_AUTOLOAD"
 BLOCK_ENV = "SPECTERBENCH_BLOCK_PLUGINS"
-DEFAULT_PLUGINS = (("builtin", "specterbench.builtin"), ("baselines", "specterbench.baselines"))
+DEFAULT_PLUGINS = (("builtin", "specterbench.builtin"), ("baselines", "specterbench.baselines"),
+                   ("nvml", "specterbench.nvml"))
 
 
 @dataclass(frozen=True, slots=True)

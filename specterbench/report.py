@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .nvml import nvml_columns
 from .results import ResultRow, read_rows
 
 
@@ -81,7 +82,18 @@ def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
             lines.append("Clock: host wall time only (no CUDA device); TPOT of a GPU is not reported.")
         else:
             lines.append("TPOT is **measured** with CUDA events and synchronisation.")
-    lines += ["", render_markdown(rows)]
+    lines += ["", render_markdown(rows), "", "## Link bytes: engine ledger vs NVML PCIe counters", ""]
+    notes = {r.nvml_note for r in rows if r.nvml_h2d_bytes is None and r.status == "ok"}
+    counted = [r for r in rows if r.nvml_h2d_bytes is not None]
+    if counted:
+        import pandas as pd
+
+        table = pd.DataFrame([{"strategy": r.strategy_label, "budget": f"{r.budget_fraction:.0%}", **nvml_columns(r)}
+                              for r in counted])
+        lines.append(table.to_markdown(index=False))
+    for note in sorted(n for n in notes if n):
+        lines.append(f"NVML columns empty: {note}.")
+    lines.append("")
     path = run_dir / "summary.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
