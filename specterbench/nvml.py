@@ -263,7 +263,7 @@ def specterbench_cell_start(cell, engine):
     _cells[cell] = Sampler(source).start()
 
 
-@hookimpl
+@hookimpl(tryfirst=True)  # measure first; plugins after it may adjust the row
 def specterbench_cell_end(cell, row):
     state = _cells.pop(cell, None)
     if state is None:

@@ -171,6 +171,31 @@ def compute(model, windows: torch.Tensor, batch_size: int = 32) -> dict:
     }
 
 
+def lru_hit_rates(model, tokenizer, name: str, budgets=(0.35, 0.5), prompts: int = 8, tokens: int = 32) -> dict:
+    """Hit rate of the engine's per-layer LRU baseline at each budget (fraction of all expert bytes), greedy
+    decoding of the held-out benchmark prompts: a warm-up prompt, then ``prompts`` prompts × ``tokens``."""
+    from specterbench.baselines import LRU
+    from specterbench.engine import Engine
+    from specterbench.runner import encode_prompts, load_prompts
+    from specterbench.strategy import Request
+    from specterbench.timeline import HostWallClock
+
+    engine = Engine(model, name=name, tokenizer=tokenizer)
+    encoded = encode_prompts(engine, load_prompts("shakespeare-heldout-v1", prompts), 64)
+    out = {}
+    for budget in budgets:
+        engine.configure(LRU(), int(budget * engine.total_expert_bytes), HostWallClock())
+        for i, (pid, ids) in enumerate([encoded[0], *encoded]):
+            if i == 1:
+                engine.stats = type(engine.stats)()  # the first pass over prompt 0 only warms the cache
+            request = Request(pid, ids, tokens)
+            engine.begin_request(request)
+            engine.greedy_decode(request)
+        st = engine.stats
+        out[f"{budget:.0%}"] = round(st.hits / (st.hits + st.misses), 3)
+    return out
+
+
 def for_model(name: str, path: str | os.PathLike | None = None, n_windows: int = EVAL_WINDOWS) -> dict:
     from specterbench import embedded
 
@@ -179,6 +204,7 @@ def for_model(name: str, path: str | os.PathLike | None = None, n_windows: int =
     windows = heldout_eval_windows(tokenizer, n_windows=n_windows)
     stats = compute(model, windows)
     stats["model"] = name
+    stats["lru_hit_rate"] = lru_hit_rates(model, tokenizer, name)  # last: the engine takes the experts over
     return stats
 
 
@@ -209,6 +235,11 @@ def format_table(stats: dict) -> str:
         f"{stats['uniform_reuse_overlap']}, any-reuse = 1 − C(E−k,k)/C(E,k) = {stats['uniform_reuse_any']}, "
         f"next-gate recall = k/E = {stats['uniform_reuse_overlap']}, entropy = log2 E = {stats['uniform_entropy_bits']} bits."
     )
+    if stats.get("lru_hit_rate"):
+        rows.append("")
+        rows.append("LRU hit rate (the engine's per-layer LRU, greedy decoding of the held-out benchmark prompts, "
+                    "after one warm-up prompt): " + ", ".join(f"{v:.3f} at {k} of expert bytes"
+                                                             for k, v in stats["lru_hit_rate"].items()) + ".")
     return "\n".join(rows)
 
 
