@@ -149,7 +149,7 @@ def load_checkpoint(path, dtype=torch.bfloat16):
     """Load a local checkpoint with the hub offline; experts of old per-expert checkpoints convert on load."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from .engine import SUPPORTED_FAMILIES
+    from .seam import SUPPORTED_FAMILIES
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     if config.model_type not in SUPPORTED_FAMILIES:
