@@ -42,6 +42,7 @@ def summary_table(rows: list[ResultRow]):
             "tokens": r.new_tokens,
             "TPOT ms": r.tpot_ms,
             "TPOT p90 ms": r.tpot_p90_ms,
+            "TPOT mean ms": 1e3 / r.tokens_per_s if r.tokens_per_s and r.clock != "host" else None,
             "host ms/tok": r.host_ms_per_token,
             "TTFT ms": r.ttft_ms,
             "hit rate": r.hit_rate,
