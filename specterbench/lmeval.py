@@ -126,7 +126,7 @@ class SpecterbenchLM(TemplateLM):
 
     # ---- setup -------------------------------------------------------------------------------------
     def _setup(self, options: dict) -> None:
-        from .runner import _ReferenceStrategy, make_clock, BenchConfig, parse_budget
+        from .runner import ReferenceStrategy, make_clock, BenchConfig, parse_budget
         from .timeline import HostWallClock
 
         engine = self.engine
@@ -139,7 +139,7 @@ class SpecterbenchLM(TemplateLM):
             if unknown:
                 raise UsageError(f"{self.variant!r} takes no option(s) {', '.join(unknown)}; it accepts: "
                                  f"{', '.join(allowed) or 'none'}")
-            self.strategy = _ReferenceStrategy()
+            self.strategy = ReferenceStrategy()
             self.budget_bytes = total
             engine.configure(self.strategy, total, HostWallClock())
             if self.variant == REFERENCE:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from .engine import Engine
-from .runner import _ReferenceStrategy, encode_prompts, load_prompts
+from .runner import ReferenceStrategy, encode_prompts, load_prompts
 from .strategy import Request
 from .timeline import HostWallClock
 
@@ -37,7 +37,7 @@ def measure_overhead(host, model_name: str, prompts: int = 8, tokens: int = 32, 
     stock_model, tokenizer = spec.load()
     engine_model, _ = spec.load()
     engine = Engine(engine_model, name=model_name, tokenizer=tokenizer)
-    strategy = _ReferenceStrategy()
+    strategy = ReferenceStrategy()
     engine.configure(strategy, engine.total_expert_bytes, HostWallClock())
     strategy.prepare(engine)
     encoded = encode_prompts(engine, load_prompts(workload, prompts), 64)

@@ -33,18 +33,23 @@ class HardwareProfile:
 
     @classmethod
     def from_dict(cls, data: dict) -> "HardwareProfile":
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise UsageError(f"profile {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
-                             f"a profile needs: {', '.join(names)}")
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise UsageError(f"profile {data.get('name', '?')!r} has unknown field(s) {', '.join(unknown)}")
-        return cls(**{**data, "sources": tuple(data["sources"])})
+        return _from_dict(cls, data, "profile")
 
     def label(self) -> str:
         return f"modeled:{self.name}"
+
+
+def _from_dict(cls, data: dict, kind: str):
+    """A profile from plain data (a TOML table); a missing or unknown field is named in one line."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise UsageError(f"{kind} {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
+                         f"a {kind} needs: {', '.join(names)}")
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise UsageError(f"{kind} {data.get('name', '?')!r} has unknown field(s) {', '.join(unknown)}")
+    return cls(**{**data, "sources": tuple(data["sources"])})
 
 
 GB = 1e9
@@ -116,15 +121,7 @@ class HostProfile:
 
     @classmethod
     def from_dict(cls, data: dict) -> "HostProfile":
-        names = [f.name for f in dataclasses.fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise UsageError(f"host profile {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
-                             f"a host profile needs: {', '.join(names)}")
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise UsageError(f"host profile {data.get('name', '?')!r} has unknown field(s) {', '.join(unknown)}")
-        return cls(**{**data, "sources": tuple(data["sources"])})
+        return _from_dict(cls, data, "host profile")
 
 
 BUILTIN_HOST_PROFILES: tuple[HostProfile, ...] = (

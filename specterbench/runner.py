@@ -137,7 +137,7 @@ class Reference:
     traces: dict[str, tuple]
 
 
-class _ReferenceStrategy(Strategy):
+class ReferenceStrategy(Strategy):
     """All experts resident: the reference tokens and routing trace every lossless strategy must reproduce."""
 
     name = "reference"
@@ -281,7 +281,7 @@ class Runner:
 
     # ---- reference and calibration -----------------------------------------------------------------
     def _resident_pass(self, engine: Engine, prompts, tokens: int):
-        strategy = _ReferenceStrategy()
+        strategy = ReferenceStrategy()
         engine.configure(strategy, engine.total_expert_bytes, HostWallClock())
         strategy.prepare(engine)
         out, traces = {}, {}

@@ -43,3 +43,20 @@ def small_prompts(monkeypatch):
 
     monkeypatch.setattr(runner, "load_prompts", lambda name, n: SMALL_PROMPTS[:n])
     return SMALL_PROMPTS
+
+
+def install_dist(root, dist: str, module: str, source: str, ep_name: str, version: str = "1.0"):
+    """Make ``root`` hold a real installed distribution — ``module.py`` plus a ``.dist-info`` whose
+    ``entry_points.txt`` registers it in the ``specterbench`` group — so a test that puts ``root`` on
+    ``sys.path`` (or ``PYTHONPATH``) exercises plugin discovery exactly as ``pip install`` would."""
+    import textwrap
+    from pathlib import Path
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[specterbench]\n{ep_name} = {module}\n")
+    return root

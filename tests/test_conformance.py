@@ -3,12 +3,12 @@
 import os
 import subprocess
 import sys
-import textwrap
 import xml.etree.ElementTree as ET
 
 import pytest
 
 from specterbench import Strategy, conformance, hookimpl
+from specterbench.testing import install_dist
 
 # Strategies that each break one rule of the battery, installed as a real distribution (entry point and all).
 BROKEN = '''
@@ -88,17 +88,6 @@ CAUGHT = [  # (strategy, the one rule it breaks, what the failure says)
     ("broken-unversioned", "test_reports_a_name_and_a_version", "must set its own `version`"),
     ("broken-leaks-state", "test_state_resets_between_requests", "prompt 'a' decoded again after 'b'"),
 ]
-
-
-def install_dist(root, dist: str, module: str, source: str, ep_name: str):
-    """A real installed distribution on ``root``: a module plus a .dist-info with an entry_points.txt."""
-    root.mkdir(parents=True, exist_ok=True)
-    (root / f"{module}.py").write_text(textwrap.dedent(source))
-    info = root / f"{dist.replace('-', '_')}-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[specterbench]\n{ep_name} = {module}\n")
-    return root
 
 
 def run_pytest(cwd, *args, pythonpath=None, timeout=600):

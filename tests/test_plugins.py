@@ -1,7 +1,6 @@
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -9,18 +8,13 @@ import pytest
 from specterbench import Strategy, hookimpl
 from specterbench.errors import PluginError, UsageError
 from specterbench.plugins import BLOCK_ENV, DISABLE_ENV
+from specterbench.testing import install_dist
 
 BIN = Path(sys.executable).parent
 
 
 def make_dist(root: Path, dist: str, module: str, source: str, ep_name: str) -> Path:
-    """A real installed distribution: a module plus a .dist-info with an entry_points.txt, found on sys.path."""
-    (root / f"{module}.py").write_text(textwrap.dedent(source))
-    info = root / f"{dist.replace('-', '_')}-0.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text(f"[specterbench]\n{ep_name} = {module}\n")
-    return root
+    return install_dist(root, dist, module, source, ep_name, version="0.3")
 
 
 LFU_PLUGIN = """
