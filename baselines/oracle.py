@@ -53,10 +53,12 @@ class Oracle(Strategy):
                         others = [k for k in cache if k not in now] or list(cache)
                         victim = max(others, key=lambda k: self.next_use(k, after=pos + 1))
                         cache.remove(victim)
+                    cache.add(key)
+                    if victim in now:  # a layer wider than the cache: the engine's demand path swaps these
+                        continue
                     # safe to copy once the replaced expert has had its last use before this need
                     issue = (last_use.get(victim, -1) + 1) if victim is not None else 0
                     events.append((min(issue, pos), pos, key, victim))
-                    cache.add(key)
                 last_use[key] = pos
         events.sort(key=lambda ev: (ev[0], ev[1]))
         return events
