@@ -16,12 +16,11 @@ class MixedPrecision(LRU):
 
     @classmethod
     def option_names(cls):
-        return ("bits", "quant_type", "blocksize", "fetch_on_miss")
+        return (*QuantSpec.OPTIONS, "fetch_on_miss")
 
     def __init__(self, **options):
         super().__init__(**options)
-        self.spec = QuantSpec(bits=int(options.get("bits", 4)), quant_type=options.get("quant_type", "nf4"),
-                              blocksize=int(options.get("blocksize", 64)))
+        self.spec = QuantSpec.from_options(options)
         self.fetch_on_miss = bool(options.get("fetch_on_miss", True))
 
     def device_bytes(self, engine):

@@ -34,6 +34,18 @@ class QuantSpec:
         if self.blocksize not in (64, 128, 256, 512, 1024, 2048, 4096):
             raise UsageError(f"unsupported blocksize {self.blocksize}; use a power of two from 64 to 4096")
 
+    OPTIONS = ("bits", "quant_type", "blocksize")  # the strategy options that choose a quantization
+
+    @classmethod
+    def from_options(cls, options: dict) -> "QuantSpec":
+        """The spec named by a strategy's options (``--set specter.bits=4``), defaults elsewhere."""
+        try:
+            bits, blocksize = int(options.get("bits", 4)), int(options.get("blocksize", 64))
+        except (TypeError, ValueError):
+            raise UsageError(f"bits and blocksize must be integers, got {options.get('bits')!r} and "
+                             f"{options.get('blocksize')!r}") from None
+        return cls(bits=bits, quant_type=options.get("quant_type", "nf4"), blocksize=blocksize)
+
     def label(self) -> str:
         return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
 

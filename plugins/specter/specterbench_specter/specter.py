@@ -56,17 +56,15 @@ class SpeculativeDecoding(Strategy):
     """Self-draft speculative decoding over the offloaded cache; subclasses decide what to prefetch."""
 
     version = "1"
-    plans = False
 
     @classmethod
     def option_names(cls):
-        return ("k", "bits", "quant_type", "blocksize")
+        return ("k", *QuantSpec.OPTIONS)
 
     def __init__(self, **options):
         super().__init__(**options)
         self.k_option = _parse_k(options.get("k", "auto"))
-        self.spec = QuantSpec(bits=int(options.get("bits", 4)), quant_type=options.get("quant_type", "nf4"),
-                              blocksize=int(options.get("blocksize", 64)))
+        self.spec = QuantSpec.from_options(options)
         self.k = 4 if self.k_option == "auto" else self.k_option
         self.k_profile: dict[int, float] = {}
 
