@@ -52,7 +52,7 @@ test:
 # the plugin conformance battery against every registered strategy (a strategy author runs it for theirs:
 # pytest --specterbench-strategy=NAME)
 conformance:
-	$(BIN)/python -m pytest --specterbench-strategy=all specterbench/conformance.py
+	$(BIN)/python -m pytest --specterbench-strategy=all specterbench/plugins/conformance.py
 
 # refresh the committed reference on purpose (then review the printed comparison and commit results/reference)
 reference:

@@ -1,6 +1,6 @@
 import os
 
-from specterbench.strategy import FETCH, ON_HOST
+from specterbench.plugins.strategy import FETCH, ON_HOST
 
 from .static import StaticPlacement
 

@@ -1,5 +1,5 @@
-from specterbench.draft import QuantSpec, quantized_bytes, shared_quantized
-from specterbench.strategy import SUBSTITUTE
+from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
+from specterbench.plugins.strategy import SUBSTITUTE
 
 from .lru import LRU
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specterbench.cache import DeviceCache, Slot
-from specterbench.geometry import geometry_preset
-from specterbench.profiles import BUILTIN_PROFILES
-from specterbench.timeline import DEMAND_PRIORITY, ModeledClock
+from specterbench.engine.cache import DeviceCache, Slot
+from specterbench.engine.geometry import geometry_preset
+from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.engine.clocks import DEMAND_PRIORITY, ModeledClock
 
 LAYERS, EXPERTS, TOP_K = 32, 8, 2  # Mixtral-8x7B's shape
 EXPERT_BYTES = 1000

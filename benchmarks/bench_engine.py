@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specterbench import Strategy
-from specterbench.plugins import get_host
+from specterbench.plugins.host import get_host
 
 STRATEGIES = get_host().strategies().names()
 

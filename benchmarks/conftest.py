@@ -36,7 +36,7 @@ class World:
 
     def strategy(self, name: str):
         """A fresh strategy ``name`` attached to the shared engine with a fresh cache and modeled clock."""
-        from specterbench.runner import make_clock
+        from specterbench.bench.runner import make_clock
 
         cls = self.host.strategies().get(name)
         strategy = cls(**STRATEGY_OPTIONS.get(name, {}))
@@ -56,9 +56,9 @@ class World:
 @pytest.fixture(scope="session")
 def world(tmp_path_factory) -> World:
     """One engine on the tiny model, its reference tokens and routing, and the calibration (built once)."""
-    from specterbench.plugins import get_host
-    from specterbench.runner import BenchConfig, Runner, encode_prompts, parse_budget
-    from specterbench.testing import SMALL_PROMPTS
+    from specterbench.plugins.host import get_host
+    from specterbench.bench.runner import BenchConfig, Runner, encode_prompts, parse_budget
+    from specterbench.plugins.testing import SMALL_PROMPTS
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import SpecterbenchError, UsageError
-from .plugins import get_host
+from specterbench.errors import SpecterbenchError, UsageError
+from specterbench.plugins.host import get_host
 
 
 def _csv(text: str) -> tuple[str, ...]:
@@ -56,14 +56,14 @@ def _options(pairs: list[str]) -> dict:
 
 
 def cmd_run(args) -> int:
-    from .report import render_markdown, write_summary
-    from .runner import BenchConfig, Runner, parse_budget
+    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 
     host = get_host()
     if args.model_path:
         import os
 
-        from .models import MODEL_PATH_ENV
+        from specterbench.engine.models import MODEL_PATH_ENV
 
         os.environ[MODEL_PATH_ENV] = args.model_path
     if args.tokens <= 0:
@@ -96,8 +96,8 @@ def cmd_run(args) -> int:
         host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=runner.rows)
     rows_path = run_dir / "rows.jsonl"
     if rows_path.exists():
-        from .plots import write_plots
-        from .results import read_rows
+        from specterbench.analysis.plots import write_plots
+        from specterbench.bench.results import read_rows
 
         rows = read_rows(rows_path)
         summary = write_summary(run_dir, rows)
@@ -118,10 +118,10 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .report import render_markdown, write_summary
-    from .results import read_rows
+    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.bench.results import read_rows
 
-    from .plots import write_plots
+    from specterbench.analysis.plots import write_plots
 
     rows = read_rows(Path(args.run_dir), on_error=args.on_error)
     path = write_summary(Path(args.run_dir), rows)
@@ -133,7 +133,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_overhead(args) -> int:
-    from .overhead import measure_overhead
+    from specterbench.bench.overhead import measure_overhead
 
     r = measure_overhead(get_host(), args.model, prompts=args.prompts, tokens=args.tokens, threads=args.threads)
     print(f"model {r.model}: {r.prompts} prompts x {r.tokens} tokens, greedy, host wall time, {args.threads} thread(s)")
@@ -146,8 +146,8 @@ def cmd_overhead(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare_runs, render_comparison
-    from .results import read_rows
+    from specterbench.analysis.compare import compare_runs, render_comparison
+    from specterbench.bench.results import read_rows
 
     base = read_rows(Path(args.base), on_error=args.on_error)
     new = read_rows(Path(args.new), on_error=args.on_error)
@@ -157,8 +157,8 @@ def cmd_compare(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from .gate import DEFAULT_RULES, load_reference, load_rules, parse_rule, render, run_gate
-    from .results import read_rows
+    from specterbench.analysis.gate import DEFAULT_RULES, load_reference, load_rules, parse_rule, render, run_gate
+    from specterbench.bench.results import read_rows
 
     rules = [parse_rule(t) for t in args.rule or []]
     if args.rules or not rules:
@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_list)
 
-    from .plugins_cli import add_parser as add_plugins_parser
+    from specterbench.plugins.listing import add_parser as add_plugins_parser
 
     add_plugins_parser(sub)
 
@@ -210,8 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_run)
 
-    from .evaluate import add_parser as add_eval_parser
-    from .sweep import add_sweep_parser
+    from specterbench.quality.evaluate import add_parser as add_eval_parser
+    from specterbench.bench.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
     add_eval_parser(sub)

@@ -3,14 +3,14 @@ import torch
 import torch.nn.functional as F
 
 from specterbench.baselines import LFRU, LRU, ActivationAware, CpuExperts
-from specterbench.engine import Engine
+from specterbench.engine.engine import Engine
 from specterbench.errors import UsageError
-from specterbench.geometry import project
-from specterbench.models import tiny_random
-from specterbench.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES, HostProfile
-from specterbench.runner import BenchConfig, Runner, parse_budget
-from specterbench.strategy import FETCH, ON_HOST, Calibration
-from specterbench.timeline import ModeledClock
+from specterbench.engine.geometry import project
+from specterbench.engine.models import tiny_random
+from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES, HostProfile
+from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.plugins.strategy import FETCH, ON_HOST, Calibration
+from specterbench.engine.clocks import ModeledClock
 
 HOST = BUILTIN_HOST_PROFILES[0]
 

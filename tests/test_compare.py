@@ -2,9 +2,9 @@ import dataclasses
 
 import pytest
 
-from specterbench.compare import compare_runs, render_comparison
+from specterbench.analysis.compare import compare_runs, render_comparison
 from specterbench.errors import UsageError
-from specterbench.results import ResultRow
+from specterbench.bench.results import ResultRow
 
 
 def row(**kw) -> ResultRow:

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from specterbench import Strategy, conformance, hookimpl
-from specterbench.testing import install_dist
+from specterbench.plugins.testing import install_dist
 
 # Strategies that each break one rule of the battery, installed as a real distribution (entry point and all).
 BROKEN = '''

@@ -6,7 +6,7 @@ Skipped without a CUDA device; run on a GPU machine with ``scripts/gpu_check.sh`
 import pytest
 import torch
 
-from specterbench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -24,8 +24,8 @@ def test_measured_clock_on_cuda_is_lossless_and_counts_copies(host, small_prompt
 
 
 def test_store_is_pinned_and_cache_lives_on_the_device(host):
-    from specterbench.engine import Engine
-    from specterbench.models import tiny_random
+    from specterbench.engine.engine import Engine
+    from specterbench.engine.models import tiny_random
 
     model, tok = tiny_random("mixtral")
     engine = Engine(model, name="m", device="cuda", tokenizer=tok)

@@ -15,7 +15,7 @@ import torch
 
 from specterbench import embedded
 from specterbench.errors import ModelError, UsageError
-from specterbench.workloads import WORKLOADS, load_workload
+from specterbench.bench.workloads import WORKLOADS, load_workload
 
 MAX_WEIGHT_BYTES = 20 * 1024 * 1024
 

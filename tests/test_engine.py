@@ -4,11 +4,11 @@ import torch.nn.functional as F
 
 from specterbench import Request, Strategy
 from specterbench.baselines import LRU, OnDemand
-from specterbench.engine import Engine
+from specterbench.engine.engine import Engine
 from specterbench.errors import BudgetError, EngineViolation, ModelError
-from specterbench.models import TINY_FAMILIES, tiny_random
-from specterbench.profiles import BUILTIN_PROFILES
-from specterbench.timeline import ModeledClock
+from specterbench.engine.models import TINY_FAMILIES, tiny_random
+from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.engine.clocks import ModeledClock
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ pytest.importorskip("lm_eval")
 
 from specterbench import Strategy, hookimpl  # noqa: E402
 from specterbench.errors import UsageError  # noqa: E402
-from specterbench.evaluate import add_parser, compare_samples, resolve_tasks  # noqa: E402
+from specterbench.quality.evaluate import add_parser, compare_samples, resolve_tasks  # noqa: E402
 
 
 class Boom(Strategy):
@@ -40,7 +40,7 @@ class TestStrategies:
 
 @pytest.fixture(scope="module")
 def eval_run(tmp_path_factory):
-    from specterbench.plugins import get_host, reset_host
+    from specterbench.plugins.host import get_host, reset_host
 
     torch.set_num_threads(1)
     reset_host()
@@ -116,7 +116,7 @@ def test_sample_comparison_is_exact_and_counts_agreeing_decisions():
 
 
 def test_shipped_task_items_are_well_formed():
-    from specterbench.tasks import TASKS_DIR
+    from specterbench.quality.tasks import TASKS_DIR
 
     def load(name):
         return [json.loads(line) for line in (TASKS_DIR / f"{name}.jsonl").read_text().splitlines()]

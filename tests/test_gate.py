@@ -3,10 +3,10 @@ import pytest
 from specterbench import hookimpl
 from specterbench.baselines.lru import LRU
 from specterbench.errors import UsageError
-from specterbench.gate import (RegressionRule, SpeedupRule, load_reference, load_rules, parse_rule, render,
+from specterbench.analysis.gate import (RegressionRule, SpeedupRule, load_reference, load_rules, parse_rule, render,
                                run_gate)
-from specterbench.results import ResultRow, read_rows
-from specterbench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.results import ResultRow, read_rows
+from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 
 
 def row(**kw) -> ResultRow:

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specterbench import nvml
-from specterbench.results import ResultRow
+from specterbench.bench import nvml
+from specterbench.bench.results import ResultRow
 
 
 class FakeSource:
@@ -138,7 +138,7 @@ def test_report_columns_show_ledger_nvml_and_ratio_or_the_note():
 
 @pytest.fixture
 def nvml_plugin():
-    from specterbench.plugins import get_host, reset_host
+    from specterbench.plugins.host import get_host, reset_host
 
     reset_host()
     host = get_host()
@@ -150,7 +150,7 @@ def nvml_plugin():
 
 
 def test_a_benchmark_row_on_cpu_explains_its_empty_nvml_columns(nvml_plugin, tmp_path, small_prompts):
-    from specterbench.runner import BenchConfig, Runner, parse_budget
+    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 
     config = BenchConfig(models=("tiny-random-mixtral",), strategies=("lru",), budgets=(parse_budget("50%"),),
                          profile="a100-40g-pcie4", prompts=1, tokens=2, warmup=False)

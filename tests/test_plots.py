@@ -1,8 +1,8 @@
 import pytest
 
-from specterbench import plots
-from specterbench.plots import write_plots
-from specterbench.results import ResultRow
+from specterbench.analysis import plots
+from specterbench.analysis.plots import write_plots
+from specterbench.bench.results import ResultRow
 
 
 def row(**kw) -> ResultRow:

@@ -7,8 +7,8 @@ import pytest
 
 from specterbench import Strategy, hookimpl
 from specterbench.errors import PluginError, UsageError
-from specterbench.plugins import BLOCK_ENV, DISABLE_ENV
-from specterbench.testing import install_dist
+from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
+from specterbench.plugins.testing import install_dist
 
 BIN = Path(sys.executable).parent
 

@@ -17,11 +17,11 @@ import pytest
 
 from specterbench import hookimpl
 from specterbench.cli import build_parser, main
-from specterbench.models import ModelSpec, tiny_random
-from specterbench.plugins import BLOCK_ENV, DISABLE_ENV
-from specterbench.plugins_cli import add_parser
-from specterbench.profiles import BUILTIN_PROFILES
-from specterbench.results import read_rows
+from specterbench.engine.models import ModelSpec, tiny_random
+from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
+from specterbench.plugins.listing import add_parser
+from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.bench.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 THIRD_PARTY = """
@@ -161,7 +161,7 @@ class Recorder:
 
     @hookimpl
     def specterbench_register_host_profiles(self, register):
-        from specterbench.profiles import HostProfile
+        from specterbench.engine.profiles import HostProfile
 
         register(HostProfile(name="recorded-host", cpu="test CPU", mem_bytes_per_s=50e9, flops_per_s=1e12,
                              threads=8, launch_us=5.0, sources=("made up for a test",)))

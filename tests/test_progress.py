@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-from specterbench.progress import is_quiet, progress
+from specterbench.bench.progress import is_quiet, progress
 
 
 class Terminal(io.StringIO):

@@ -4,9 +4,9 @@ import pytest
 
 from specterbench import Strategy, hookimpl
 from specterbench.errors import BudgetError, UsageError
-from specterbench.models import TINY_FAMILIES
-from specterbench.results import read_rows
-from specterbench.runner import BenchConfig, Runner, parse_budget
+from specterbench.engine.models import TINY_FAMILIES
+from specterbench.bench.results import read_rows
+from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 
 BASELINES = ("on-demand", "lru", "static", "resident", "oracle")
 

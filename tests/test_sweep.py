@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from specterbench.errors import UsageError
-from specterbench.plugins import PluginHost
-from specterbench.results import ResultRow, read_rows
-from specterbench.runner import BenchConfig, Runner, parse_budget
-from specterbench.sweep import (LocalExecutor, Plan, RayExecutor, Sweep, add_sweep_parser, expand, load_grid,
+from specterbench.plugins.host import PluginHost
+from specterbench.bench.results import ResultRow, read_rows
+from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.sweep import (LocalExecutor, Plan, RayExecutor, Sweep, add_sweep_parser, expand, load_grid,
                                 parse_grid, require_ray)
 
 MODEL = "tiny-random-mixtral"

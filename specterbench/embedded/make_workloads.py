@@ -1,6 +1,6 @@
 """Generate the packaged prompt sets (deterministic).
 
-    python -m specterbench.embedded.make_workloads [--out specterbench/workloads] [--check]
+    python -m specterbench.embedded.make_workloads [--out specterbench/bench/workloads] [--check]
 
 * ``shakespeare-heldout-v1``: 40 prompts, 8 from each held-out work (never seen in training).
 * ``calibration-v1``: 37 prompts, one from each training work (for profiling, e.g. static placement).
@@ -23,7 +23,7 @@ from specterbench.embedded import data
 MIN_TOKENS, MAX_TOKENS, TARGET_TOKENS = 24, 64, 36
 HELDOUT_PER_WORK = 8
 SKIP_FRONT = 0.06  # skip the front matter (title, dramatis personae)
-OUT_DIR = Path(__file__).resolve().parent.parent / "workloads"
+OUT_DIR = Path(__file__).resolve().parent.parent / "bench" / "workloads"
 HELDOUT_NAME, CALIBRATION_NAME = "shakespeare-heldout-v1", "calibration-v1"
 
 

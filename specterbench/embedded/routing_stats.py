@@ -175,10 +175,10 @@ def lru_hit_rates(model, tokenizer, name: str, budgets=(0.35, 0.5), prompts: int
     """Hit rate of the engine's per-layer LRU baseline at each budget (fraction of all expert bytes), greedy
     decoding of the held-out benchmark prompts: a warm-up prompt, then ``prompts`` prompts × ``tokens``."""
     from specterbench.baselines import LRU
-    from specterbench.engine import Engine
-    from specterbench.runner import encode_prompts, load_prompts
-    from specterbench.strategy import Request
-    from specterbench.timeline import HostWallClock
+    from specterbench.engine.engine import Engine
+    from specterbench.bench.runner import encode_prompts, load_prompts
+    from specterbench.plugins.strategy import Request
+    from specterbench.engine.clocks import HostWallClock
 
     engine = Engine(model, name=name, tokenizer=tokenizer)
     encoded = encode_prompts(engine, load_prompts("shakespeare-heldout-v1", prompts), 64)

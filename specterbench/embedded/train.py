@@ -26,103 +26,28 @@ import random  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
 from specterbench.embedded import data  # noqa: E402
 from specterbench.embedded import tokenizer as tok_mod  # noqa: E402
+from specterbench.embedded.specs import CONTEXT, SPECS, Spec, build_config, with_overrides  # noqa: E402,F401
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 
-@dataclass(frozen=True)
-class Spec:
-    name: str
-    arch: str  # "mixtral" | "qwen2_moe"
-    config: dict
-    steps: int
-    batch_size: int = 16
-    seq_len: int = 128
-    lr: float = 3e-3
-    min_lr_ratio: float = 0.1
-    warmup_frac: float = 0.04
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    eval_every: int = 100
-
-
-CONTEXT = 256
-
-SPECS: dict[str, Spec] = {
-    "tiny-mixtral": Spec(
-        name="tiny-mixtral",
-        arch="mixtral",
-        config=dict(
-            hidden_size=256,
-            intermediate_size=160,
-            num_hidden_layers=6,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=32,
-            num_local_experts=8,
-            num_experts_per_tok=2,
-            max_position_embeddings=CONTEXT,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=True,
-            router_aux_loss_coef=0.01,
-            router_jitter_noise=0.0,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        ),
-        steps=800,
-    ),
-    "tiny-qwen-moe": Spec(
-        name="tiny-qwen-moe",
-        arch="qwen2_moe",
-        config=dict(
-            hidden_size=192,
-            intermediate_size=384,  # unused: every layer is MoE (mlp_only_layers=[])
-            num_hidden_layers=6,
-            num_attention_heads=6,
-            num_key_value_heads=2,
-            num_experts=32,
-            num_experts_per_tok=4,
-            moe_intermediate_size=64,
-            shared_expert_intermediate_size=192,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            norm_topk_prob=False,
-            qkv_bias=True,
-            max_position_embeddings=CONTEXT,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=True,
-            use_sliding_window=False,
-            router_aux_loss_coef=0.01,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        ),
-        steps=800,
-    ),
-}
-
-
-def build_config(spec: Spec, tokenizer):
-    special = dict(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.02,
-        attention_dropout=0.0,
-        use_cache=True,
-    )
-    if spec.arch == "mixtral":
-        from transformers import MixtralConfig
-
-        return MixtralConfig(**spec.config, **special)
-    from transformers import Qwen2MoeConfig
-
-    return Qwen2MoeConfig(**spec.config, **special)
+def balance_losses(router_logits, k: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-layer Switch-style balance ``E·Σ f_i·P_i`` (1.0 when even) over the batch and within each sequence,
+    averaged over MoE layers. ``f_i``: share of top-k selections; ``P_i``: mean router probability."""
+    over_batch, within_seq = [], []
+    for logits in router_logits:
+        E = logits.shape[-1]
+        probs = logits.float().softmax(-1).view(batch, -1, E)
+        chosen = torch.zeros_like(probs).scatter_(-1, probs.topk(k, dim=-1).indices, 1.0)
+        over_batch.append(E * (chosen.mean((0, 1)) / k * probs.mean((0, 1))).sum())
+        within_seq.append(E * (chosen.mean(1) / k * probs.mean(1)).sum(-1).mean())
+    return torch.stack(over_batch).mean(), torch.stack(within_seq).mean()
 
 
 def build_model(config):
@@ -206,12 +131,12 @@ def _set_seed(seed: int) -> None:
 
 
 def train(name: str, steps: int | None = None, minutes: float | None = None, seed: int = 0,
-          out_dir: Path | None = None, log=print) -> Path:
+          out_dir: Path | None = None, log=print, overrides: dict[str, str] | None = None) -> Path:
     if name not in SPECS:
         from specterbench.errors import UsageError
 
         raise UsageError(f"unknown embedded model {name!r}: choose one of {', '.join(SPECS)}")
-    spec = SPECS[name]
+    spec = with_overrides(SPECS[name], overrides or {})
     torch.set_num_threads(1)
     try:
         torch.set_num_interop_threads(1)
@@ -236,6 +161,8 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
     opt = make_optimizer(model, spec)
     gen = torch.Generator().manual_seed(seed)
     eval_small = heldout_windows(held_tokens, spec.seq_len, limit=64)
+    probe_windows = eval_small[: spec.probe_windows, :-1]
+    k = int(config.num_experts_per_tok)
 
     def batch():
         starts = torch.randint(0, len(train_tokens) - spec.seq_len - 1, (spec.batch_size,), generator=gen)
@@ -247,12 +174,13 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
         b = batch()
         out = model(input_ids=b[:, :-1], output_router_logits=True, use_cache=False)
         ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), b[:, 1:].reshape(-1))
-        loss = ce + config.router_aux_loss_coef * out.aux_loss
+        over_batch, within_seq = balance_losses(out.router_logits, k, len(b))
+        loss = ce + spec.aux_batch * over_batch + spec.aux_seq * within_seq
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
         opt.step()
-        return ce.item(), float(out.aux_loss.detach())
+        return ce.item(), float(within_seq.detach())
 
     total_steps = steps or spec.steps
     history = []
@@ -282,6 +210,13 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
             log(f"[{name}] step {step}/{total_steps} ce={ce:.3f} aux={aux:.3f} heldout(64w)={held:.3f} "
                 f"lr={lr_at(step - 1, total_steps, spec):.2e} {el:.0f}s {tps:.0f} tok/s")
             history.append({"step": step, "heldout_ce_subset": round(held, 4)})
+            if spec.probe_windows:
+                from specterbench.embedded import realism
+
+                probe = realism.probe(model, probe_windows)
+                history[-1]["routing_probe"] = probe
+                log(f"[{name}] step {step} routing probe: " + " ".join(f"{key}={v:.3f}" for key, v in probe.items()))
+                model.train()
     train_wall = time.time() - t_train
     train_cpu = time.process_time() - cpu_train
 
@@ -326,7 +261,10 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
         "lr": spec.lr,
         "schedule": f"AdamW(b1=0.9,b2=0.95,wd={spec.weight_decay}) linear warmup {spec.warmup_frac:.0%} then cosine to {spec.min_lr_ratio}x",
         "grad_clip": spec.grad_clip,
-        "router_aux_loss_coef": config.router_aux_loss_coef,
+        "aux_batch": spec.aux_batch,
+        "aux_seq": spec.aux_seq,
+        "stands_for": spec.stands_for,
+        "overrides": dict(overrides or {}),
         "train_wall_s": round(train_wall, 1),
         "train_cpu_s": round(train_cpu, 1),
         "total_wall_s": round(time.time() - t_start, 1),
@@ -369,9 +307,12 @@ def main(argv=None) -> int:
     g.add_argument("--minutes", type=float, default=None, help="wall-time budget; calibrates the step count")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None, help="output dir (default: the package's models/<NAME>)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a training setting (aux_seq=0.05) or config key (config.num_experts=32)")
     args = p.parse_args(argv)
+    overrides = dict(item.split("=", 1) for item in args.set)
     train(args.model, steps=args.steps, minutes=args.minutes, seed=args.seed, out_dir=args.out,
-          log=lambda s: print(s, flush=True))
+          log=lambda s: print(s, flush=True), overrides=overrides)
     return 0
 
 

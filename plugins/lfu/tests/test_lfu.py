@@ -4,7 +4,7 @@
 import pytest
 
 from specterbench.errors import UsageError
-from specterbench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 from specterbench_lfu import AgingLFU
 
 

@@ -21,7 +21,7 @@ import torch
 
 from specterbench import Strategy
 from specterbench.baselines.lru import LRU
-from specterbench.draft import QuantSpec, quantized_bytes, shared_quantized
+from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
 from specterbench.errors import UsageError
 
 K_CANDIDATES = (1, 2, 3, 4, 6, 8)
@@ -87,7 +87,7 @@ class SpeculativeDecoding(Strategy):
     def prepare(self, engine, calibration=None):
         if self.k_option != "auto" or calibration is None:
             return
-        from specterbench.strategy import Request
+        from specterbench.plugins.strategy import Request
 
         for k in K_CANDIDATES:
             self.k = k

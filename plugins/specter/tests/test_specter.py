@@ -2,14 +2,14 @@ import pytest
 import torch
 
 from specterbench import Request
-from specterbench.engine import Engine
+from specterbench.engine.engine import Engine
 from specterbench.errors import BudgetError, UsageError
-from specterbench.geometry import project
-from specterbench.models import TINY_FAMILIES, tiny_random
-from specterbench.profiles import BUILTIN_PROFILES
-from specterbench.runner import BenchConfig, Runner, parse_budget
-from specterbench.timeline import ModeledClock
-from specterbench.draft import quantized_bytes
+from specterbench.engine.geometry import project
+from specterbench.engine.models import TINY_FAMILIES, tiny_random
+from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.engine.clocks import ModeledClock
+from specterbench.engine.draft import quantized_bytes
 from specterbench_specter.specter import SpecDecode, Specter, accepted_prefix
 
 PROMPT = "Shall I compare thee to a summer's day? Thou art more lovely"

@@ -1,0 +1,100 @@
+"""Tables from result rows: pandas at the edge, markdown out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specterbench.bench.nvml import nvml_columns
+from specterbench.bench.results import ResultRow, read_rows
+
+
+def load_frame(run_dir, on_error: str = "stop"):
+    """One documented line to get a run into pandas: ``specterbench.analysis.report.load_frame("results/<run-id>")``."""
+    import dataclasses
+
+    import pandas as pd
+
+    rows = read_rows(Path(run_dir), on_error=on_error)
+    return pd.DataFrame([{k: v for k, v in dataclasses.asdict(r).items() if k not in ("env", "samples", "warmup")}
+                         for r in rows])
+
+
+def _mb(n) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
+
+
+def summary_table(rows: list[ResultRow]):
+    """The bench table: one line per (model, strategy, budget), medians over repeats."""
+    import pandas as pd
+
+    records = []
+    for r in rows:
+        clock = {"modeled": f"modeled · {r.profile}", "measured": "measured (CUDA events)",
+                 "host": "host wall only"}[r.clock]
+        records.append({
+            "model": r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)",
+            "strategy": r.strategy_label,
+            "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
+                       f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),
+            "_frac": r.budget_fraction,
+            "clock": clock,
+            "workload": r.workload,
+            "tokens": r.new_tokens,
+            "TPOT ms": r.tpot_ms,
+            "TPOT p90 ms": r.tpot_p90_ms,
+            "TPOT mean ms": 1e3 / r.tokens_per_s if r.tokens_per_s and r.clock != "host" else None,
+            "host ms/tok": r.host_ms_per_token,
+            "TTFT ms": r.ttft_ms,
+            "hit rate": r.hit_rate,
+            "H2D KB/tok": None if r.h2d_bytes_per_token is None else r.h2d_bytes_per_token / 1e3,
+            "stall ms/tok": r.stall_ms_per_token,
+            "lossless": {True: "✓", False: "✗", None: "-"}[r.lossless] if r.lossless_strategy else
+            (f"lossy ({r.token_agreement:.0%} agree)" if r.token_agreement is not None else "lossy"),
+            "status": r.status if r.status == "ok" else f"{r.status}: {r.error}",
+        })
+    df = pd.DataFrame(records)
+    if df.empty:
+        return df
+    keys = ["model", "strategy", "budget", "_frac", "clock", "workload", "tokens", "lossless", "status"]
+    df = df.groupby(keys, sort=False, dropna=False).median(numeric_only=True).reset_index()
+    df = df.sort_values(["model", "_frac", "TPOT ms"], na_position="last").drop(columns="_frac")
+    return df[[c for c in df.columns if c not in ("lossless", "status")] + ["lossless", "status"]]
+
+
+def render_markdown(rows: list[ResultRow]) -> str:
+    df = summary_table(rows)
+    if df.empty:
+        return "(no rows)\n"
+    return df.to_markdown(index=False, floatfmt=".3f") + "\n"
+
+
+def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
+    run_dir = Path(run_dir)
+    rows = rows if rows is not None else read_rows(run_dir)
+    lines = [f"# specterbench run {run_dir.name}", ""]
+    for label in sorted({r.geometry_label for r in rows if r.geometry != r.model}):
+        lines.append(f"Geometry: {label}.")
+    clocks = sorted({(r.clock, r.profile) for r in rows})
+    for clock, profile in clocks:
+        if clock == "modeled":
+            lines.append(f"TPOT is **modeled** on hardware profile `{profile}` from the engine's real routing and "
+                         f"transfers; host ms/tok is this machine's wall time, not a GPU's.")
+        elif clock == "host":
+            lines.append("Clock: host wall time only (no CUDA device); TPOT of a GPU is not reported.")
+        else:
+            lines.append("TPOT is **measured** with CUDA events and synchronisation.")
+    lines += ["", render_markdown(rows), "", "## Link bytes: engine ledger vs NVML PCIe counters", ""]
+    notes = {r.nvml_note for r in rows if r.nvml_h2d_bytes is None and r.status == "ok"}
+    counted = [r for r in rows if r.nvml_h2d_bytes is not None]
+    if counted:
+        import pandas as pd
+
+        table = pd.DataFrame([{"strategy": r.strategy_label, "budget": f"{r.budget_fraction:.0%}", **nvml_columns(r)}
+                              for r in counted])
+        lines.append(table.to_markdown(index=False))
+    for note in sorted(n for n in notes if n):
+        lines.append(f"NVML columns empty: {note}.")
+    lines.append("")
+    path = run_dir / "summary.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path

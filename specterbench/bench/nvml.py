@@ -1,0 +1,301 @@
+"""NVML: the GPU's own count of PCIe bytes and memory, beside the engine's transfer ledger.
+
+A built-in plugin. For each benchmark cell on a CUDA engine a :class:`Sampler` thread reads the device's
+PCIe throughput counters (``nvmlDeviceGetPcieThroughput``: KB/s over NVML's ~20 ms window, RX and TX as the
+GPU sees them) and its memory used, every ``interval_s``, and integrates throughput over time (trapezoid
+rule) into bytes. At the end of the cell the row gets ``nvml_h2d_bytes`` (RX: host → device),
+``nvml_d2h_bytes`` (TX) and ``extra["nvml_peak_memory_used_bytes"]``; without NVML or a GPU the row gets
+``nvml_note`` saying why, and the byte columns stay empty (never zero).
+
+NVML counts every byte on the link — token ids, logits, other processes on the same GPU — so expect the
+ratio to the ledger slightly above 1; far from 1 means the ledger or the copies are wrong. The counter is a
+sampled rate, so very short cells (a few windows) are noisy.
+
+The run's environment gets the GPU name, driver, and PCIe generation and width (current and max) under
+``nvml`` — or ``{"note": <why not>}``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from specterbench import hookimpl
+
+KB = 1024  # NVML reports PCIe throughput in KB/s; taken as KiB, as NVIDIA's samples convert it
+DEFAULT_INTERVAL_S = 0.02  # NVML's own sample window is ~20 ms
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot sample this engine; ``str(err)`` is the note that goes into the row."""
+
+
+class CounterSource(Protocol):
+    """Something that reads the link: ``(rx_bytes_per_s, tx_bytes_per_s, memory_used_bytes or None)``."""
+
+    def read(self) -> tuple[float, float, int | None]: ...
+
+
+# ---- integration ---------------------------------------------------------------------------------
+@dataclass(slots=True)
+class Integrated:
+    rx_bytes: float = 0.0  # host -> device, as the GPU receives
+    tx_bytes: float = 0.0  # device -> host
+    peak_memory_used_bytes: int | None = None
+    samples: int = 0
+    duration_s: float = 0.0
+
+
+class Integrator:
+    """Integrates sampled rates over time with the trapezoid rule; call :meth:`add` with increasing times."""
+
+    def __init__(self):
+        self.total = Integrated()
+        self._last: tuple[float, float, float] | None = None  # (t, rx, tx)
+        self._t0: float | None = None
+
+    def add(self, t: float, rx_bytes_per_s: float, tx_bytes_per_s: float, memory_used: int | None = None) -> None:
+        total = self.total
+        if self._last is not None:
+            t_prev, rx_prev, tx_prev = self._last
+            dt = max(0.0, t - t_prev)
+            total.rx_bytes += 0.5 * (rx_prev + rx_bytes_per_s) * dt
+            total.tx_bytes += 0.5 * (tx_prev + tx_bytes_per_s) * dt
+        else:
+            self._t0 = t
+        self._last = (t, rx_bytes_per_s, tx_bytes_per_s)
+        total.samples += 1
+        total.duration_s = t - self._t0
+        if memory_used is not None:
+            peak = total.peak_memory_used_bytes
+            total.peak_memory_used_bytes = memory_used if peak is None else max(peak, memory_used)
+
+
+class Sampler:
+    """Reads ``source`` every ``interval_s`` in a background thread and integrates what it reads.
+
+    ``clock`` (default ``time.monotonic``) is read once per sample, so a fake clock makes the integral exact in
+    tests. The first sample is taken in :meth:`start`, the last in :meth:`stop`.
+    """
+
+    def __init__(self, source: CounterSource, interval_s: float = DEFAULT_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        self.source = source
+        self.interval_s = interval_s
+        self.clock = clock
+        self.integrator = Integrator()
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def sample_once(self) -> None:
+        with self._lock:
+            rx, tx, mem = self.source.read()
+            self.integrator.add(self.clock(), float(rx), float(tx), mem)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                self.sample_once()
+        except Exception as err:  # noqa: BLE001 - reported by stop(), the cell itself goes on
+            self.error = err
+
+    def start(self) -> "Sampler":
+        self.sample_once()
+        self._thread = threading.Thread(target=self._run, name="specterbench-nvml", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> Integrated:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is None:
+            self.sample_once()
+        return self.integrator.total
+
+
+# ---- NVML ----------------------------------------------------------------------------------------
+def _pynvml():
+    try:
+        import pynvml
+    except ImportError:
+        raise NvmlUnavailable("no NVML: nvidia-ml-py is not installed") from None
+    return pynvml
+
+
+def _reason(pynvml, err) -> str:
+    if isinstance(err, pynvml.NVMLError_LibraryNotFound):
+        return "no NVML: library not found"
+    if isinstance(err, getattr(pynvml, "NVMLError_DriverNotLoaded", ())):
+        return "no NVML: NVIDIA driver not loaded"
+    if isinstance(err, getattr(pynvml, "NVMLError_NoPermission", ())):
+        return "no NVML: no permission"
+    return f"no NVML: {err}"
+
+
+def init() -> object:
+    """``nvmlInit`` (reference-counted; pair with :func:`shutdown`); raises :class:`NvmlUnavailable`."""
+    pynvml = _pynvml()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as err:
+        raise NvmlUnavailable(_reason(pynvml, err)) from None
+    return pynvml
+
+
+def shutdown() -> None:
+    try:
+        _pynvml().nvmlShutdown()
+    except Exception:  # noqa: BLE001 - nothing to do about a failing shutdown
+        pass
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def device_handle(pynvml, device):
+    """The NVML handle of a torch CUDA device: by UUID (robust to CUDA_VISIBLE_DEVICES), else by index."""
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    if uuid is not None:
+        text = str(uuid)
+        try:
+            return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}")
+        except pynvml.NVMLError:
+            pass  # fall back to the index (equal unless CUDA_VISIBLE_DEVICES reorders devices)
+    return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+
+class NvmlSource:
+    """Reads one GPU's PCIe RX/TX throughput (bytes/s) and memory used (bytes) through NVML."""
+
+    def __init__(self, pynvml, handle):
+        self.pynvml = pynvml
+        self.handle = handle
+        self.name = _text(pynvml.nvmlDeviceGetName(handle))
+
+    def read(self) -> tuple[float, float, int | None]:
+        nv, h = self.pynvml, self.handle
+        rx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_RX_BYTES) * KB
+        tx = nv.nvmlDeviceGetPcieThroughput(h, nv.NVML_PCIE_UTIL_TX_BYTES) * KB
+        return float(rx), float(tx), int(nv.nvmlDeviceGetMemoryInfo(h).used)
+
+
+def open_source(device) -> CounterSource:
+    """A counter source for ``device`` (a torch device); raises :class:`NvmlUnavailable` with the reason."""
+    if getattr(device, "type", str(device)) != "cuda":
+        raise NvmlUnavailable(f"no CUDA device: engine ran on {getattr(device, 'type', device)}")
+    pynvml = init()
+    try:
+        source = NvmlSource(pynvml, device_handle(pynvml, device))
+        try:
+            source.read()
+        except pynvml.NVMLError_NotSupported:
+            raise NvmlUnavailable(f"no NVML PCIe counters: not supported on {source.name}") from None
+        return source
+    except NvmlUnavailable:
+        shutdown()
+        raise
+    except Exception as err:
+        shutdown()
+        raise NvmlUnavailable(f"no NVML: {type(err).__name__}: {err}") from None
+
+
+def environment() -> dict:
+    """GPU name, driver and PCIe generation/width (current and max) of every GPU NVML sees, or a note."""
+    try:
+        pynvml = init()
+    except NvmlUnavailable as err:
+        return {"note": str(err)}
+    try:
+        info: dict = {"driver": _text(pynvml.nvmlSystemGetDriverVersion()), "gpus": []}
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpu: dict = {"index": i, "name": _text(pynvml.nvmlDeviceGetName(h))}
+            for key, fn in (("pcie_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                            ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration"),
+                            ("pcie_width_current", "nvmlDeviceGetCurrPcieLinkWidth"),
+                            ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")):
+                try:
+                    gpu[key] = int(getattr(pynvml, fn)(h))
+                except pynvml.NVMLError as err:
+                    gpu[key] = None
+                    gpu.setdefault("notes", []).append(f"{key}: {err}")
+            try:
+                gpu["memory_total_bytes"] = int(pynvml.nvmlDeviceGetMemoryInfo(h).total)
+            except pynvml.NVMLError:
+                gpu["memory_total_bytes"] = None
+            info["gpus"].append(gpu)
+        if not info["gpus"]:
+            info["note"] = "NVML found no GPU"
+        return info
+    except pynvml.NVMLError as err:
+        return {"note": _reason(pynvml, err)}
+    finally:
+        shutdown()
+
+
+# ---- hooks ---------------------------------------------------------------------------------------
+_cells: dict[str, Sampler | str] = {}  # cell key -> running sampler, or the note why there is none
+
+
+@hookimpl
+def specterbench_environment():
+    return {"nvml": environment()}
+
+
+@hookimpl
+def specterbench_cell_start(cell, engine):
+    try:
+        source = open_source(engine.device)
+    except NvmlUnavailable as err:
+        _cells[cell] = str(err)
+        return
+    _cells[cell] = Sampler(source).start()
+
+
+@hookimpl(tryfirst=True)  # measure first; plugins after it may adjust the row
+def specterbench_cell_end(cell, row):
+    state = _cells.pop(cell, None)
+    if state is None:
+        row.nvml_note = row.nvml_note or "no NVML sample: the cell never reached its measured requests"
+        return
+    if isinstance(state, str):
+        row.nvml_note = state
+        return
+    try:
+        total = state.stop()
+    finally:
+        if isinstance(state.source, NvmlSource):
+            shutdown()
+    if state.error is not None:
+        row.nvml_note = f"NVML sampling failed: {type(state.error).__name__}: {state.error}"
+        return
+    if total.samples < 2:
+        row.nvml_note = "NVML: fewer than two samples, nothing to integrate"
+        return
+    row.nvml_h2d_bytes = int(round(total.rx_bytes))
+    row.nvml_d2h_bytes = int(round(total.tx_bytes))
+    row.extra["nvml_peak_memory_used_bytes"] = total.peak_memory_used_bytes
+    row.extra["nvml_samples"] = total.samples
+    row.extra["nvml_duration_s"] = total.duration_s
+
+
+# ---- report --------------------------------------------------------------------------------------
+def nvml_columns(row) -> dict:
+    """Report columns: the ledger's H2D bytes, NVML's, and their ratio — or the note why NVML is empty."""
+    ledger = row.h2d_bytes
+    nvml = row.nvml_h2d_bytes
+    if nvml is None:
+        return {"ledger H2D bytes": ledger, "NVML H2D bytes": row.nvml_note or "-", "NVML/ledger ratio": "-"}
+    ratio = f"{nvml / ledger:.2f}" if ledger else "- (ledger 0)"
+    return {"ledger H2D bytes": ledger, "NVML H2D bytes": nvml, "NVML/ledger ratio": ratio}

@@ -1,0 +1,143 @@
+"""Result rows: one JSON line per benchmark cell, with raw samples, versions and the environment.
+
+Schema (version ``SCHEMA_VERSION``) — every field of :class:`ResultRow`; units live in field names. Load a run
+into pandas with ``specterbench.analysis.report.load_frame(run_dir)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from specterbench.errors import UsageError
+
+SCHEMA_VERSION = 1
+
+# Direction of every headline metric, so that no comparison assumes lower is better.
+DIRECTIONS = {
+    "tpot_ms": "lower", "tpot_p90_ms": "lower", "ttft_ms": "lower", "tokens_per_s": "higher",
+    "host_ms_per_token": "lower", "hit_rate": "higher", "h2d_bytes_per_token": "lower",
+    "stall_ms_per_token": "lower", "prefetch_used": "higher", "prefetch_wasted": "lower",
+    "token_agreement": "higher",
+}
+
+
+@dataclass(slots=True)
+class ResultRow:
+    run_id: str
+    cell: str
+    model: str
+    geometry: str  # whose sizes the modeled clock prices: the model's own, or a preset (a projection)
+    geometry_label: str
+    priced_total_expert_bytes: int  # all expert bytes at the priced geometry
+    strategy: str
+    strategy_version: str
+    strategy_plugin: str
+    lossless_strategy: bool
+    budget_bytes: int
+    budget_fraction: float
+    total_expert_bytes: int
+    profile: str
+    clock: str  # "modeled" (priced by profile) | "measured" (CUDA events) | "host" (CPU wall time only)
+    workload: str
+    prompts: int
+    new_tokens: int
+    seed: int
+    repeat: int
+    status: str = "ok"  # ok | diverged | error
+    error: str | None = None
+    lossless: bool | None = None
+    first_divergence: dict | None = None  # {"prompt": id, "position": i} of the first differing token
+    token_agreement: float | None = None
+    tpot_ms: float | None = None  # median over decode tokens (after the first); None on the host clock
+    tpot_p90_ms: float | None = None
+    ttft_ms: float | None = None
+    tokens_per_s: float | None = None
+    host_ms_per_token: float | None = None  # host wall time, median; never a GPU's TPOT
+    hit_rate: float | None = None
+    hits: int = 0
+    misses: int = 0
+    h2d_bytes: int = 0
+    h2d_bytes_per_token: float | None = None
+    demand_bytes: int = 0
+    prefetch_bytes: int = 0
+    prefetch_issued: int = 0
+    prefetch_used: int = 0
+    prefetch_wasted: int = 0
+    host_experts: int = 0  # expert computations done on the host CPU (cpu-experts)
+    activation_bytes: int = 0  # activations crossing the link for host-computed experts, both directions
+    substituted: int = 0  # misses computed with a lower-precision substitute (lossy strategies)
+    stall_ms_per_token: float | None = None
+    peak_cache_bytes: int = 0
+    strategy_device_bytes: int = 0
+    nvml_h2d_bytes: int | None = None  # PCIe RX of the GPU integrated over the measured requests (NVML)
+    nvml_d2h_bytes: int | None = None
+    nvml_note: str | None = None  # why the NVML columns are empty, e.g. "no NVML: library not found"
+    peak_host_rss_bytes: int | None = None
+    peak_device_bytes: int | None = None  # torch.cuda.max_memory_allocated on CUDA
+    extra: dict = field(default_factory=dict)
+    samples: dict = field(default_factory=dict)  # raw per-token samples: tpot_ms, host_ms, ttft_ms
+    warmup: dict = field(default_factory=dict)  # the warm-up request's samples, kept apart
+    env: dict = field(default_factory=dict)
+    duration_s: float = 0.0
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def strategy_label(self) -> str:
+        """The strategy with its options, as cell keys name it: ``specter`` or ``specter[k=4]``."""
+        from specterbench.bench.runner import strategy_label
+
+        return strategy_label(self.strategy, self.extra.get("strategy_options"))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ResultRow":
+        if data.get("schema_version") != SCHEMA_VERSION:
+            raise UsageError(f"row has schema version {data.get('schema_version')!r}; this specterbench reads "
+                             f"version {SCHEMA_VERSION}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class RowWriter:
+    """Appends rows to ``rows.jsonl`` and fsyncs each one, so an interrupted run loses nothing finished."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, row: ResultRow) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(row.to_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def iter_rows(path: Path, on_error: str = "stop") -> Iterator[ResultRow]:
+    """Rows of a ``rows.jsonl``; a corrupt line stops with its line number, or is skipped with ``on_error='skip'``."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "rows.jsonl"
+    if not path.exists():
+        raise UsageError(f"no results at {path}; run `specterbench run` first or pass a run folder")
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield ResultRow.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError, UsageError) as err:
+                if on_error == "skip":
+                    continue
+                raise UsageError(f"{path}:{lineno}: corrupt or partial row ({err}); pass --on-error skip to "
+                                 f"skip bad lines") from None
+
+
+def read_rows(path: Path, on_error: str = "stop") -> list[ResultRow]:
+    return list(iter_rows(path, on_error))

@@ -1,0 +1,430 @@
+"""The runner: a grid of cells (model × strategy × budget × repeat), each decoded over a workload, as rows.
+
+For each model it records the reference once — greedy tokens and routing trace of every prompt with all
+experts resident — then runs every cell, checks lossless strategies token for token against the reference,
+and appends one row per cell to ``rows.jsonl`` as soon as the cell ends.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from specterbench.engine.engine import Engine
+from specterbench.errors import BudgetError, SpecterbenchError, UsageError
+from specterbench.engine.geometry import geometry_preset, project
+from specterbench.plugins.host import PluginHost
+from specterbench.bench.results import ResultRow, RowWriter, read_rows
+from specterbench.plugins.strategy import Calibration, Request, Strategy
+from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
+
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """A device byte budget for expert weights: a fraction of all expert bytes, or absolute bytes."""
+
+    text: str
+    fraction: float | None = None
+    nbytes: int | None = None
+
+    def resolve(self, total_expert_bytes: int) -> int:
+        return self.nbytes if self.nbytes is not None else int(self.fraction * total_expert_bytes)
+
+    def key(self) -> str:
+        return f"{self.fraction:.4f}" if self.fraction is not None else f"{self.nbytes}B"
+
+
+def parse_budget(text: str) -> Budget:
+    """``35%``, ``0.35`` (fractions of all expert bytes) or ``120MB``, ``1.5GiB``, ``123456`` (bytes)."""
+    s = text.strip().lower().replace(" ", "")
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)%", s)
+    if m:
+        return Budget(text, fraction=float(m.group(1)) / 100)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]i?b|b)?", s)
+    if not m:
+        raise UsageError(f"malformed budget {text!r}; write a percentage (35%), a fraction (0.35) or bytes "
+                         f"(120MB, 1.5GiB, 123456)")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit is None and "." in m.group(1):
+        if not 0 < value <= 1:
+            raise UsageError(f"budget fraction {text!r} must be in (0, 1]; for bytes write an integer or a unit")
+        return Budget(text, fraction=value)
+    return Budget(text, nbytes=int(value * _UNITS[unit or "b"]))
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    models: tuple[str, ...]
+    strategies: tuple[str, ...]
+    budgets: tuple[Budget, ...]
+    profile: str
+    host_profile: str = "desktop-ddr5"  # the host CPU, for strategies that compute experts there
+    geometry: str | None = None  # a preset (mixtral, qwen-moe, ...) to price the routing at a real model's sizes
+    # (a modeled projection); "auto": the real model an embedded one stands in for; None or "own": its own sizes
+    clock: str = "modeled"  # modeled | measured
+    workload: str = "shakespeare-heldout-v1"
+    calibration: str = "calibration-v1"
+    prompts: int = 8
+    tokens: int = 32
+    max_prompt_tokens: int = 64
+    repeats: int = 1
+    seed: int = 0
+    device: str = "cpu"
+    threads: int = 1  # torch intra-op threads on the host; 1 keeps tiny models' wall times stable
+    warmup: bool = True
+    strategy_options: dict = field(default_factory=dict)  # strategy name -> {option: value}
+
+    def validate(self, host: PluginHost) -> None:
+        if self.tokens <= 0:
+            raise UsageError(f"TOKENS must be a positive number of new tokens, got {self.tokens}")
+        if self.prompts <= 0:
+            raise UsageError(f"PROMPTS must be positive, got {self.prompts}")
+        if self.threads <= 0:
+            raise UsageError(f"threads must be positive, got {self.threads}")
+        if self.repeats <= 0:
+            raise UsageError(f"repeats must be positive, got {self.repeats}")
+        if self.clock not in ("modeled", "measured"):
+            raise UsageError(f"unknown clock {self.clock!r}; use 'modeled' or 'measured'")
+        if not self.budgets:
+            raise UsageError("no budgets given; pass e.g. --budgets 35%,50%")
+        for name in self.models:
+            host.models().entry(name)
+        for name in self.strategies:
+            host.strategies().entry(name)
+        host.profiles().entry(self.profile)
+        host.host_profiles().entry(self.host_profile)
+        if self.geometry not in (None, "own", "auto"):
+            if self.clock != "modeled":
+                raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "
+                                 "can do; drop GEOMETRY or use --clock modeled")
+            geometry_preset(self.geometry)
+
+    def geometry_for(self, spec) -> str | None:
+        """The geometry preset ``spec``'s routing is priced at, or None for its own sizes."""
+        return resolve_geometry(self.geometry, spec, self.clock)
+
+
+def resolve_geometry(geometry: str | None, spec, clock: str) -> str | None:
+    """``auto`` → the real model an embedded one stands in for (modeled clock only); ``own``/None → None."""
+    if geometry in (None, "own"):
+        return None
+    if geometry == "auto":
+        return spec.geometry if clock == "modeled" else None
+    return geometry
+
+
+def strategy_label(name: str, options: dict | None) -> str:
+    """The strategy as a cell key names it: ``specter`` or, with options, ``specter[bits=4,k=8]`` (sorted)."""
+    if not options:
+        return name
+    parts = (f"{k}={v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in sorted(options.items()))
+    return f"{name}[{','.join(parts)}]"
+
+
+@dataclass(slots=True)
+class Reference:
+    tokens: dict[str, tuple[int, ...]]
+    traces: dict[str, tuple]
+
+
+class ReferenceStrategy(Strategy):
+    """All experts resident: the reference tokens and routing trace every lossless strategy must reproduce."""
+
+    name = "reference"
+
+    def min_cache_bytes(self, engine):
+        return engine.total_expert_bytes
+
+    def prepare(self, engine, calibration=None):
+        for layer in range(engine.num_layers):
+            for e in range(engine.num_experts):
+                engine.prefetch((layer, e))
+
+
+def make_clock(config: BenchConfig, host: PluginHost, engine: Engine):
+    if config.clock == "modeled":
+        return ModeledClock(host.profiles().get(config.profile), engine.geometry,
+                            host.host_profiles().get(config.host_profile))
+    if engine.device.type == "cuda":
+        return CudaClock(engine.device)
+    return HostWallClock()
+
+
+def encode_prompts(engine: Engine, texts: list[tuple[str, str]], limit: int) -> list[tuple[str, tuple[int, ...]]]:
+    out = []
+    for pid, text in texts:
+        ids = list(engine.tokenizer.encode(text))[:limit]
+        if not ids:
+            raise UsageError(f"prompt {pid!r} encodes to no tokens")
+        out.append((pid, tuple(ids)))
+    return out
+
+
+def load_prompts(name: str, n: int) -> list[tuple[str, str]]:
+    from specterbench.bench.workloads import load_workload
+
+    items = load_workload(name)
+    return [(str(item["id"]), item["text"]) for item in items[:n]]
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def _p90(xs):
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+class Runner:
+    def __init__(self, host: PluginHost, config: BenchConfig, run_dir: Path, *, resume: bool = False,
+                 progress: Callable[[str], None] | None = None, env: dict | None = None):
+        self.host = host
+        self.config = config
+        self.run_dir = Path(run_dir)  # created on the first row: a sweep worker never touches the driver's folder
+        self._writer: RowWriter | None = None
+        self.progress = progress or (lambda msg: None)
+        self.env = env if env is not None else host.environment()
+        self.done: set[str] = set()
+        if resume and (self.run_dir / "rows.jsonl").exists():
+            self.done = {r.cell for r in read_rows(self.run_dir / "rows.jsonl", on_error="skip")
+                         if r.status != "error"}
+        self.rows: list[ResultRow] = []
+
+    @property
+    def writer(self) -> RowWriter:
+        if self._writer is None:
+            self._writer = RowWriter(self.run_dir / "rows.jsonl")
+        return self._writer
+
+    # ---- grid --------------------------------------------------------------------------------------
+    def cells(self, model: str):
+        cfg = self.config
+        for sname in cfg.strategies:
+            cls = self.host.strategies().get(sname)
+            budgets = ([Budget("100%", fraction=cls.fixed_budget_fraction)]
+                       if cls.fixed_budget_fraction is not None else cfg.budgets)
+            label = strategy_label(sname, cfg.strategy_options.get(sname))
+            geometry = cfg.geometry_for(self.host.models().get(model)) or "own"
+            for budget in budgets:
+                for repeat in range(cfg.repeats):
+                    key = "|".join([model, geometry, label, budget.key(), cfg.workload, cfg.profile,
+                                    cfg.clock,
+                                    str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)])
+                    yield key, sname, cls, budget, repeat
+
+    def run(self) -> list[ResultRow]:
+        cfg = self.config
+        cfg.validate(self.host)
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(cfg.threads)
+        for model_name in cfg.models:
+            engine = self.load_engine(model_name)
+            self.check_budgets(engine)
+            todo = [c for c in self.cells(model_name) if c[0] not in self.done]
+            if not todo:
+                continue
+            prompts = encode_prompts(engine, load_prompts(cfg.workload, cfg.prompts), cfg.max_prompt_tokens)
+            reference = self.record_reference(engine, prompts)
+            calibration = None
+            for key, sname, cls, budget, repeat in todo:
+                if cls.uses_calibration and calibration is None:
+                    calibration = self.calibrate(engine)
+                self.progress(f"{model_name} · {sname} @ {budget.text} (repeat {repeat})")
+                row = self.run_cell(engine, key, sname, cls, budget, repeat, prompts, reference, calibration)
+                self.writer.append(row)
+                self.rows.append(row)
+                self.host.pm.hook.specterbench_row_written(row=row)
+        return self.rows
+
+    def load_engine(self, model_name: str) -> Engine:
+        spec = self.host.models().get(model_name)
+        model, tokenizer = spec.load()
+        engine = Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer)
+        geometry = self.config.geometry_for(spec)
+        if geometry is not None:
+            engine.geometry = project(engine.own_geometry, geometry)
+        return engine
+
+    def check_budgets(self, engine: Engine) -> None:
+        total, need = engine.total_expert_bytes, engine.min_budget_bytes()
+        for b in self.config.budgets:
+            nbytes = b.resolve(total)
+            if nbytes < need:
+                raise BudgetError(f"budget {b.text} = {nbytes} bytes is below what one forward needs on "
+                                  f"{engine.name} (top-{engine.top_k} experts of a layer = {need} bytes, "
+                                  f"{need / total:.1%}); raise it")
+            if nbytes > total:
+                raise BudgetError(f"budget {b.text} = {nbytes} bytes is above all expert bytes of {engine.name} "
+                                  f"({total}); use at most 100% (the 'resident' strategy covers that case)")
+
+    # ---- reference and calibration -----------------------------------------------------------------
+    def _resident_pass(self, engine: Engine, prompts, tokens: int):
+        strategy = ReferenceStrategy()
+        engine.configure(strategy, engine.total_expert_bytes, HostWallClock())
+        strategy.prepare(engine)
+        out, traces = {}, {}
+        for pid, ids in prompts:
+            request = Request(pid, ids, tokens)
+            engine.begin_request(request)
+            rec = engine.start_recording()
+            out[pid] = tuple(engine.greedy_decode(request))
+            engine.stop_recording()
+            traces[pid] = tuple(rec.trace)
+            yield pid, out[pid], traces[pid], rec.counts
+
+    def record_reference(self, engine: Engine, prompts) -> Reference:
+        ref = Reference({}, {})
+        for pid, toks, trace, _ in self._resident_pass(engine, prompts, self.config.tokens):
+            ref.tokens[pid], ref.traces[pid] = toks, trace
+        return ref
+
+    def calibrate(self, engine: Engine) -> Calibration:
+        """Routed-token counts per (layer, expert) over the calibration workload: prefill plus 16 new tokens."""
+        cfg = self.config
+        prompts = encode_prompts(engine, load_prompts(cfg.calibration, 10**6), cfg.max_prompt_tokens)
+        sequences = tuple(c.clone() for _, _, _, c in self._resident_pass(engine, prompts, 16))
+        return Calibration(torch.stack(sequences).sum(0), tuple(ids for _, ids in prompts), sequences)
+
+    # ---- one cell ----------------------------------------------------------------------------------
+    def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration) -> ResultRow:
+        cfg = self.config
+        total = engine.total_expert_bytes
+        nbytes = budget.resolve(total)
+        entry = self.host.strategies().entry(sname)
+        row = ResultRow(
+            run_id=self.run_dir.name, cell=key, model=engine.name, geometry=engine.geometry.name,
+            geometry_label=engine.geometry.label(), priced_total_expert_bytes=engine.geometry.all_expert_bytes,
+            strategy=sname, strategy_version=str(cls.version),
+            strategy_plugin=f"{entry.plugin.name} ({entry.plugin.distribution} {entry.plugin.version})",
+            lossless_strategy=bool(cls.lossless), budget_bytes=nbytes, budget_fraction=nbytes / total,
+            total_expert_bytes=total, profile=cfg.profile if cfg.clock == "modeled" else "-",
+            clock=cfg.clock if (cfg.clock == "modeled" or engine.device.type == "cuda") else "host",
+            workload=cfg.workload, prompts=len(prompts), new_tokens=cfg.tokens, seed=cfg.seed, repeat=repeat,
+            env=self.env)
+        started = time.perf_counter()
+        hooks = self.host.pm.hook
+        measuring = False
+        try:
+            options = cfg.strategy_options.get(sname, {})
+            if options:
+                row.extra["strategy_options"] = dict(options)
+            strategy = cls(**options)
+            engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine))
+            row.strategy_device_bytes = strategy.device_bytes(engine)
+            strategy.prepare(engine, calibration if cls.uses_calibration else None)
+
+            def request(pid, ids):
+                return Request(pid, ids, cfg.tokens, reference.tokens[pid], reference.traces[pid])
+
+            if cfg.warmup:
+                pid, ids = prompts[0]
+                engine.begin_request(request(pid, ids))
+                strategy.generate(engine, request(pid, ids))
+                row.warmup = _samples(engine.samples)
+                engine.stats = type(engine.stats)()
+                engine.clock.totals = type(engine.clock.totals)()
+            outputs, all_samples = {}, []
+            if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
+                torch.cuda.reset_peak_memory_stats(engine.device)
+            hooks.specterbench_cell_start(cell=key, engine=engine)
+            measuring = True
+            for pid, ids in prompts:
+                engine.begin_request(request(pid, ids))
+                outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
+                all_samples.append(list(engine.samples))
+            self._fill_metrics(row, engine, strategy, all_samples)
+            self._check_tokens(row, outputs, reference, cls.lossless)
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # one strategy's failure is its row's, never the run's
+            row.status = "error"
+            row.error = f"{type(err).__name__}: {err}"
+            if not isinstance(err, SpecterbenchError):
+                row.extra["traceback"] = traceback.format_exc(limit=8)
+        finally:
+            if measuring:
+                row.peak_host_rss_bytes = peak_rss_bytes()
+                if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
+                    row.peak_device_bytes = torch.cuda.max_memory_allocated(engine.device)
+                hooks.specterbench_cell_end(cell=key, row=row)
+        row.duration_s = time.perf_counter() - started
+        return row
+
+    def _fill_metrics(self, row: ResultRow, engine: Engine, strategy: Strategy, all_samples) -> None:
+        ttft, tpot, host, tokens, decode_s = [], [], [], 0, 0.0
+        for samples in all_samples:
+            first, rest = samples[0], samples[1:]
+            ttft.append(first.clock_s * 1e3 if row.clock != "host" else first.wall_s * 1e3)
+            tokens += sum(s.tokens for s in samples)
+            for s in rest:
+                tpot.extend([s.clock_s * 1e3 / s.tokens] * s.tokens)
+                host.extend([s.wall_s * 1e3 / s.tokens] * s.tokens)
+                decode_s += s.clock_s if row.clock != "host" else s.wall_s
+        decode_tokens = sum(s.tokens for samples in all_samples for s in samples[1:])
+        st, totals = engine.stats, engine.clock.totals
+        if row.clock != "host":
+            row.tpot_ms, row.tpot_p90_ms = _median(tpot), _p90(tpot)
+        row.ttft_ms = _median(ttft)
+        row.tokens_per_s = decode_tokens / decode_s if decode_s > 0 else None
+        row.host_ms_per_token = _median(host)
+        row.hits, row.misses = st.hits, st.misses
+        row.hit_rate = st.hits / (st.hits + st.misses) if st.hits + st.misses else None
+        row.h2d_bytes, row.demand_bytes, row.prefetch_bytes = st.h2d_bytes, st.demand_bytes, st.prefetch_bytes
+        row.h2d_bytes_per_token = st.h2d_bytes / tokens if tokens else None
+        row.prefetch_issued, row.prefetch_used, row.prefetch_wasted = (st.prefetch_issued, st.prefetch_used,
+                                                                       st.prefetch_wasted)
+        row.host_experts, row.activation_bytes, row.substituted = st.host_experts, st.activation_bytes, st.substituted
+        row.stall_ms_per_token = totals.stall_s * 1e3 / tokens if tokens and row.clock != "host" else None
+        row.peak_cache_bytes = engine.cache.peak_bytes
+        row.samples = {"tpot_ms": tpot if row.clock != "host" else [], "host_ms": host, "ttft_ms": ttft}
+        row.extra.update(strategy.metrics())
+
+    @staticmethod
+    def _check_tokens(row: ResultRow, outputs, reference: Reference, lossless: bool) -> None:
+        same = total = 0
+        first = None
+        for pid, toks in outputs.items():
+            ref = reference.tokens[pid]
+            n = max(len(ref), len(toks))
+            for i in range(n):
+                a = toks[i] if i < len(toks) else None
+                b = ref[i] if i < len(ref) else None
+                total += 1
+                if a == b:
+                    same += 1
+                elif first is None:
+                    first = {"prompt": pid, "position": i, "got": a, "expected": b}
+        row.token_agreement = same / total if total else None
+        row.lossless = first is None
+        row.first_divergence = first
+        if lossless and first is not None:
+            row.status = "diverged"
+            row.error = (f"tokens differ from the reference at prompt {first['prompt']} position "
+                         f"{first['position']}: got {first['got']}, expected {first['expected']}")
+
+
+def _samples(samples) -> dict:
+    return {"tokens": [s.tokens for s in samples], "clock_ms": [s.clock_s * 1e3 for s in samples],
+            "host_ms": [s.wall_s * 1e3 for s in samples]}

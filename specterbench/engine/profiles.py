@@ -1,0 +1,154 @@
+"""Hardware profiles for the modeled clock: data with cited sources, never code paths.
+
+A profile prices an accelerator (compute stream) and its host link (copy stream). The modeled clock charges
+each operation ``launch_us + max(flops / flops_per_s, bytes / mem_bytes_per_s)`` on the compute stream and
+each expert copy ``link_latency_us + bytes / link_bytes_per_s`` on the copy stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from specterbench.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    name: str
+    accelerator: str
+    flops_per_s: float  # dense bf16 tensor throughput actually reachable at decode shapes
+    mem_bytes_per_s: float  # device memory bandwidth (HBM/GDDR)
+    link_bytes_per_s: float  # measured host->device copy bandwidth from pinned memory
+    link_latency_us: float  # per-copy fixed cost (DMA setup + driver)
+    launch_us: float  # per-kernel launch/dispatch overhead on the compute stream
+    device_memory_bytes: int
+    sources: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("float", "int") and not value > 0 and f.name not in ("link_latency_us", "launch_us"):
+                raise UsageError(f"profile {self.name!r}: field {f.name} must be > 0, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HardwareProfile":
+        return _from_dict(cls, data, "profile")
+
+    def label(self) -> str:
+        return f"modeled:{self.name}"
+
+
+def _from_dict(cls, data: dict, kind: str):
+    """A profile from plain data (a TOML table); a missing or unknown field is named in one line."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    missing = [n for n in names if n not in data]
+    if missing:
+        raise UsageError(f"{kind} {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
+                         f"a {kind} needs: {', '.join(names)}")
+    unknown = sorted(set(data) - set(names))
+    if unknown:
+        raise UsageError(f"{kind} {data.get('name', '?')!r} has unknown field(s) {', '.join(unknown)}")
+    return cls(**{**data, "sources": tuple(data["sources"])})
+
+
+GB = 1e9
+
+BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
+    HardwareProfile(
+        name="a100-40g-pcie4",
+        accelerator="NVIDIA A100 40GB PCIe",
+        flops_per_s=312e12 * 0.6,
+        mem_bytes_per_s=1555 * GB * 0.8,
+        link_bytes_per_s=25 * GB,
+        link_latency_us=10.0,
+        launch_us=5.0,
+        device_memory_bytes=40 * 2**30,
+        sources=(
+            "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 1555 GB/s HBM2 (40GB PCIe); 60%/80% reachable",
+            "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest; mixtral-offloading, Eliseev & "
+            "Mazur 2023)",
+        ),
+    ),
+    HardwareProfile(
+        name="h100-pcie5",
+        accelerator="NVIDIA H100 PCIe 80GB",
+        flops_per_s=756e12 * 0.6,
+        mem_bytes_per_s=2000 * GB * 0.8,
+        link_bytes_per_s=50 * GB,
+        link_latency_us=8.0,
+        launch_us=4.0,
+        device_memory_bytes=80 * 2**30,
+        sources=(
+            "NVIDIA H100 PCIe datasheet: 756 TFLOP/s bf16 dense, 2.0 TB/s HBM2e; 60%/80% reachable",
+            "PCIe 5.0 x16 pinned H2D ~50 GB/s measured (CUDA bandwidthTest on Gen5 hosts)",
+        ),
+    ),
+    HardwareProfile(
+        name="rtx4090-pcie4",
+        accelerator="NVIDIA GeForce RTX 4090 24GB",
+        flops_per_s=165e12 * 0.6,
+        mem_bytes_per_s=1008 * GB * 0.8,
+        link_bytes_per_s=25 * GB,
+        link_latency_us=10.0,
+        launch_us=5.0,
+        device_memory_bytes=24 * 2**30,
+        sources=(
+            "NVIDIA Ada whitepaper: 165 TFLOP/s bf16 dense (fp32 accumulate), 1008 GB/s GDDR6X; 60%/80% reachable",
+            "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest)",
+        ),
+    ),
+)
+
+DEFAULT_PROFILE = "a100-40g-pcie4"
+
+
+@dataclass(frozen=True, slots=True)
+class HostProfile:
+    """The host CPU that computes experts in place of the accelerator (Fiddler, llama.cpp ``--n-cpu-moe``).
+
+    An expert on the host costs ``max(flops / (flops_per_s * used/threads), weight bytes / mem_bytes_per_s)``:
+    at decode sizes it streams its weights from DRAM, so memory bandwidth decides.
+    """
+
+    name: str
+    cpu: str
+    mem_bytes_per_s: float  # sustained DRAM read bandwidth (STREAM-like), all threads
+    flops_per_s: float  # sustained bf16/fp32 GEMM throughput, all threads
+    threads: int
+    launch_us: float  # per-expert dispatch cost on the host (thread-pool wake-up, small-GEMM setup)
+    sources: tuple[str, ...]
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HostProfile":
+        return _from_dict(cls, data, "host profile")
+
+
+BUILTIN_HOST_PROFILES: tuple[HostProfile, ...] = (
+    HostProfile(
+        name="desktop-ddr5",
+        cpu="AMD Ryzen 9 7950X, 16 cores, 2-channel DDR5-6000",
+        mem_bytes_per_s=70 * GB,
+        flops_per_s=2.0e12,
+        threads=16,
+        launch_us=20.0,
+        sources=(
+            "DDR5-6000 x 2 channels = 96 GB/s peak; ~70 GB/s measured with STREAM on Zen 4 desktops",
+            "Zen 4 AVX-512 (2x256-bit FMA) 16 cores x ~5 GHz x 32 fp32 FLOP/cycle ~ 2.5 TFLOP/s; 2.0 sustained",
+        ),
+    ),
+    HostProfile(
+        name="server-12ch-ddr5",
+        cpu="AMD EPYC 9654, 96 cores, 12-channel DDR5-4800",
+        mem_bytes_per_s=350 * GB,
+        flops_per_s=8.0e12,
+        threads=96,
+        launch_us=30.0,
+        sources=(
+            "DDR5-4800 x 12 channels = 460 GB/s peak; ~350 GB/s STREAM triad reported for Genoa",
+            "96 Zen 4 cores x ~2.4 GHz all-core x 32 fp32 FLOP/cycle ~ 7.4-9 TFLOP/s",
+        ),
+    ),
+)
+
+DEFAULT_HOST_PROFILE = "desktop-ddr5"

@@ -1,0 +1,204 @@
+"""The plugin host: loads built-in and third-party plugins once, lazily, and keeps the registries.
+
+Built-ins are ordinary plugins, declared in specterbench's own ``specterbench`` entry-point group and listed
+in ``DEFAULT_PLUGINS`` so they load by the same path when entry-point autoloading is disabled.
+
+Environment:
+- ``SPECTERBENCH_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points; only the built-ins.
+- ``SPECTERBENCH_BLOCK_PLUGINS=a,b``: never load plugins named ``a`` or ``b`` (entry-point names).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from specterbench.plugins import hookspecs
+from specterbench.errors import PluginError, UsageError
+
+DISABLE_ENV = "SPECTERBENCH_DISABLE_PLUGIN_AUTOLOAD"
+BLOCK_ENV = "SPECTERBENCH_BLOCK_PLUGINS"
+DEFAULT_PLUGINS = (("builtin", "specterbench.plugins.builtin"), ("baselines", "specterbench.baselines"),
+                   ("nvml", "specterbench.bench.nvml"))
+
+
+@dataclass(frozen=True, slots=True)
+class PluginInfo:
+    name: str
+    module: str
+    distribution: str
+    version: str
+    source: str  # "entry point" | "default" | "registered"
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    name: str
+    obj: Any
+    plugin: PluginInfo
+
+
+class Registry:
+    """Named things of one kind (strategies, models, profiles) and the plugin each came from."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.items: dict[str, Registered] = {}
+
+    def add(self, name: str, obj: Any, plugin: PluginInfo) -> None:
+        if not name:
+            raise PluginError(f"plugin {plugin.name!r} registered a {self.kind} without a name")
+        if name in self.items:
+            first = self.items[name].plugin.name
+            raise PluginError(f"{self.kind} {name!r} is registered twice: by plugin {first!r} and by "
+                              f"{plugin.name!r}; rename one or block a plugin with {BLOCK_ENV}")
+        self.items[name] = Registered(name, obj, plugin)
+
+    def names(self) -> list[str]:
+        return sorted(self.items)
+
+    def get(self, name: str) -> Any:
+        return self.entry(name).obj
+
+    def entry(self, name: str) -> Registered:
+        try:
+            return self.items[name]
+        except KeyError:
+            close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+            raise UsageError(f"unknown {self.kind} {name!r}; {hint}available: {', '.join(self.names())}") from None
+
+
+class PluginHost:
+    def __init__(self):
+        self._pm: pluggy.PluginManager | None = None
+        self._plugins: dict[str, PluginInfo] = {}
+        self._registries: dict[str, Registry] = {}
+
+    # ---- loading -----------------------------------------------------------------------------------
+    @property
+    def plugins(self) -> dict[str, PluginInfo]:
+        """Loaded plugins by name (loading them on first use)."""
+        self.pm
+        return self._plugins
+
+    @property
+    def pm(self) -> pluggy.PluginManager:
+        if self._pm is None:
+            self._load()
+        return self._pm
+
+    def _load(self) -> None:
+        pm = pluggy.PluginManager("specterbench")
+        pm.add_hookspecs(hookspecs)
+        self._pm = pm
+        blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
+        if os.environ.get(DISABLE_ENV, "").lower() not in ("1", "true", "yes"):
+            for ep in importlib.metadata.entry_points(group="specterbench"):
+                if ep.name in blocked or ep.name in self._plugins:
+                    continue
+                dist = ep.dist.name if ep.dist else "?"
+                version = ep.dist.version if ep.dist else "?"
+                self._register(_import(ep.name, ep.value, ep.load),
+                               PluginInfo(ep.name, ep.value, dist, version, "entry point"))
+        from specterbench import __version__
+
+        for name, module in DEFAULT_PLUGINS:
+            if name in blocked or name in self._plugins:
+                continue
+            mod = _import(name, module, lambda m=module: importlib.import_module(m))
+            self._register(mod, PluginInfo(name, module, "specterbench", __version__, "default"))
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as err:
+            raise PluginError(f"plugin {err.plugin_name!r} has a hook implementation that matches no "
+                              f"specterbench hook: {err}") from err
+
+    def _register(self, obj, info: PluginInfo) -> None:
+        try:
+            self._pm.register(obj, name=info.name)
+        except pluggy.PluginValidationError as err:
+            raise PluginError(f"plugin {info.name!r} ({info.distribution}) is invalid: {err}") from err
+        self._plugins[info.name] = info
+        self._registries.clear()
+
+    def register(self, obj, name: str) -> PluginInfo:
+        """Register an in-process plugin object (tests, notebooks); undo with :meth:`unregister`."""
+        self.pm  # load the rest first
+        info = PluginInfo(name, getattr(obj, "__name__", type(obj).__name__), "(in-process)", "-", "registered")
+        self._register(obj, info)
+        self.pm.check_pending()
+        return info
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self._plugins.pop(name, None)
+        self._registries.clear()
+
+    # ---- registries --------------------------------------------------------------------------------
+    def _registry(self, kind: str, hook_name: str, key) -> Registry:
+        if kind not in self._registries:
+            reg = Registry(kind)
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                info = self.plugins[impl.plugin_name]
+                impl.function(register=lambda obj, info=info: reg.add(key(obj), obj, info))
+            self._registries[kind] = reg
+        return self._registries[kind]
+
+    def strategies(self) -> Registry:
+        return self._registry("strategy", "specterbench_register_strategies", lambda cls: cls.name)
+
+    def models(self) -> Registry:
+        return self._registry("model", "specterbench_register_models", lambda spec: spec.name)
+
+    def profiles(self) -> Registry:
+        return self._registry("profile", "specterbench_register_profiles", lambda p: p.name)
+
+    def host_profiles(self) -> Registry:
+        return self._registry("host profile", "specterbench_register_host_profiles", lambda p: p.name)
+
+    def hooks_of(self, name: str) -> list[str]:
+        plugin = self.pm.get_plugin(name)
+        return sorted(h.name for h in self.pm.get_hookcallers(plugin) or [])
+
+    def environment(self) -> dict:
+        merged: dict = {}
+        conflicts = []
+        for part in self.pm.hook.specterbench_environment():
+            for k, v in (part or {}).items():
+                if k in merged and merged[k] != v:
+                    conflicts.append(k)
+                    continue
+                merged[k] = v
+        if conflicts:
+            merged["conflicts"] = sorted(set(conflicts))
+        return merged
+
+
+def _import(name: str, target: str, load):
+    try:
+        return load()
+    except Exception as err:
+        raise PluginError(f"plugin {name!r} ({target}) failed to import: {type(err).__name__}: {err}") from err
+
+
+_HOST: PluginHost | None = None
+
+
+def get_host() -> PluginHost:
+    global _HOST
+    if _HOST is None:
+        _HOST = PluginHost()
+    return _HOST
+
+
+def reset_host() -> None:
+    """Forget loaded plugins (tests; after installing a plugin in-process)."""
+    global _HOST
+    _HOST = None

@@ -1,0 +1,82 @@
+"""``specterbench plugins [--json]``: every plugin loaded, where it comes from, the hooks it implements and what it
+registered; installed entry points that were not loaded, and why (blocked, autoload disabled, name taken)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+
+from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV, PluginHost, get_host
+
+# (label, PluginHost method): the registries whose entries are attributed to plugins; absent methods are skipped
+REGISTRIES = (("strategies", "strategies"), ("models", "models"), ("profiles", "profiles"),
+              ("host profiles", "host_profiles"))
+
+
+def autoload_enabled() -> bool:
+    return os.environ.get(DISABLE_ENV, "").lower() not in ("1", "true", "yes")
+
+
+def blocked_plugins() -> list[str]:
+    return sorted({b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()})
+
+
+def describe(host: PluginHost) -> dict:
+    """The plugin inventory as JSON-ready data."""
+    registers: dict[str, dict[str, list[str]]] = {name: {} for name in host.plugins}
+    for label, method in REGISTRIES:
+        make = getattr(host, method, None)
+        if make is None:
+            continue
+        registry = make()
+        for name in registry.names():
+            owner = registry.entry(name).plugin.name
+            registers.setdefault(owner, {}).setdefault(label, []).append(name)
+    plugins = [{"name": info.name, "module": info.module, "distribution": info.distribution, "version": info.version,
+                "source": info.source, "hooks": host.hooks_of(info.name), "registers": registers.get(info.name, {})}
+               for info in host.plugins.values()]
+    blocked, autoload = blocked_plugins(), autoload_enabled()
+    not_loaded = []
+    for ep in importlib.metadata.entry_points(group="specterbench"):
+        loaded = host.plugins.get(ep.name)
+        if loaded is not None and loaded.module == ep.value:
+            continue
+        if ep.name in blocked:
+            reason = f"blocked by {BLOCK_ENV}"
+        elif not autoload:
+            reason = f"entry points not loaded: {DISABLE_ENV} is set"
+        else:
+            reason = f"the name {ep.name!r} is taken by {loaded.module if loaded else '?'}"
+        not_loaded.append({"name": ep.name, "module": ep.value, "distribution": ep.dist.name if ep.dist else "?",
+                           "version": ep.dist.version if ep.dist else "?", "reason": reason})
+    return {"autoload": autoload, "blocked": blocked, "plugins": plugins, "not_loaded": not_loaded}
+
+
+def cmd_plugins(args) -> int:
+    data = describe(get_host())
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    autoload = "on" if data["autoload"] else f"off ({DISABLE_ENV})"
+    print(f"plugins (entry-point autoload {autoload}; blocked: {', '.join(data['blocked']) or 'none'}):")
+    width = max((len(p["name"]) for p in data["plugins"]), default=0)
+    for p in data["plugins"]:
+        print(f"  {p['name']:<{width}}  {p['distribution']} {p['version']}  [{p['source']}: {p['module']}]")
+        print(f"  {'':<{width}}  hooks: {', '.join(p['hooks']) or 'none'}")
+        for label, names in p["registers"].items():
+            print(f"  {'':<{width}}  {label}: {', '.join(names)}")
+    if data["not_loaded"]:
+        print("installed, not loaded:")
+        for p in data["not_loaded"]:
+            print(f"  {p['name']}  {p['distribution']} {p['version']}  [{p['module']}]: {p['reason']}")
+    return 0
+
+
+def add_parser(subparsers):
+    """Add ``plugins`` to the CLI's subcommands (``subparsers`` from ``ArgumentParser.add_subparsers``)."""
+    s = subparsers.add_parser("plugins", help="installed plugins: distribution, version, source and the hooks each "
+                                              "implements")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_plugins)
+    return s

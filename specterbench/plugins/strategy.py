@@ -1,0 +1,159 @@
+"""The offload strategy contract.
+
+A strategy is a plain object the engine calls directly on the hot path (never through pluggy). It sees
+routing decisions and may reshape the device cache through the engine:
+
+- ``engine.cache``                 what is cached (``keys()`` least recently used first, ``free_bytes``)
+- ``engine.prefetch(key, prio)``   queue an asynchronous copy of one expert; higher ``prio`` goes first
+- ``engine.evict(key)``            drop a cached expert (cancelling its copy if it has not started)
+- ``engine.make_room(nbytes, protect)``  evict by :meth:`Strategy.choose_victim` until ``nbytes`` fit
+- ``engine.clock.now()``           the clock's time; ``engine.expected_arrival(key)`` when a copy lands
+- ``engine.forward(ids, kv)``      a forward pass of the target (or of a draft, see Specter) for
+                                   strategies that drive their own decoding by overriding :meth:`generate`
+
+Decision points, in the order the engine calls them:
+``attach`` (once per benchmark cell) → per request ``on_request_start`` → per forward ``on_step_start`` →
+per MoE layer ``before_layer`` → ``on_miss`` for each expert not cached → ``choose_victim`` when room is
+needed → ``after_layer`` → ``on_step_end``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+from specterbench.engine.cache import ExpertKey
+from specterbench.engine.sampling import GREEDY, DecodeSetting, TokenSampler
+from specterbench.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from specterbench.engine.engine import Engine
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One prompt to decode. ``reference_*`` come from the recorded resident run (for oracles and checks).
+
+    ``decode`` says how tokens are chosen (greedy, or Gumbel-max sampling tied to (seed, ``id``, absolute
+    position)); choose tokens with ``request.sampler().pick(logits, position)`` so that every strategy and
+    every draft picks exactly the token the reference would from the same logits.
+    """
+
+    id: str
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int
+    reference_tokens: tuple[int, ...] | None = None
+    reference_trace: tuple[tuple[int, tuple[int, ...]], ...] | None = None  # (moe_layer, experts) per layer call
+    decode: DecodeSetting = GREEDY
+
+    def sampler(self) -> TokenSampler:
+        """The token chooser of this request (position 0 is the first prompt token)."""
+        return self.decode.sampler(self.id)
+
+
+# Where a missed expert runs (:meth:`Strategy.place_miss`).
+FETCH = "fetch"  # copy its weights to the device and compute there (lossless)
+ON_HOST = "host"  # compute on the host CPU with the host copy; activations cross the link (lossless)
+SUBSTITUTE = "substitute"  # compute with the strategy's own device copy, e.g. 4-bit (lossy: set lossless=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """What profiling strategies learn from the calibration workload (never the benchmark prompts).
+
+    ``counts``: [moe_layers, experts] routed-token counts; ``prompts``: token ids of the calibration prompts.
+    """
+
+    counts: "torch.Tensor"
+    prompts: tuple[tuple[int, ...], ...]
+    sequences: tuple["torch.Tensor", ...] = ()  # per calibration prompt: its own [layers, experts] counts
+
+
+class Strategy:
+    """Base class: subclasses set ``name`` and ``version`` and override the decision points they need.
+
+    The defaults are a complete, valid strategy: fetch on miss, evict the least recently used expert.
+    """
+
+    name: ClassVar[str] = ""
+    version: ClassVar[str] = "0"
+    description: ClassVar[str] = ""
+    lossless: ClassVar[bool] = True  # False: the runner reports token agreement instead of failing the row
+    fixed_budget_fraction: ClassVar[float | None] = None  # e.g. resident: reported once at 1.0
+    uses_calibration: ClassVar[bool] = False  # receives a :class:`Calibration` in :meth:`prepare`
+    uses_reference_trace: ClassVar[bool] = False  # needs Request.reference_trace (oracles)
+
+    def __init__(self, **options):
+        unknown = set(options) - set(self.option_names())
+        if unknown:
+            raise UsageError(
+                f"strategy {self.name!r} has no option(s) {', '.join(sorted(unknown))}; "
+                f"it accepts: {', '.join(self.option_names()) or 'none'}")
+        self.options = options
+        self.engine: Engine | None = None
+
+    @classmethod
+    def option_names(cls) -> tuple[str, ...]:
+        return ()
+
+    # ---- setup -------------------------------------------------------------------------------------
+    def device_bytes(self, engine: "Engine") -> int:
+        """Bytes the strategy keeps on the device outside the expert cache (a draft, buffers). Charged to the
+        budget: the cache gets ``budget - device_bytes``."""
+        return 0
+
+    def min_cache_bytes(self, engine: "Engine") -> int:
+        """The smallest expert cache this strategy can work with; below it the run is refused."""
+        return engine.min_budget_bytes()
+
+    def prepare(self, engine: "Engine", calibration: Calibration | None = None) -> None:
+        """Once per cell, after :meth:`attach`, before the warm-up request. ``calibration`` is given when
+        ``uses_calibration`` is set. A strategy may pre-load experts here (through ``engine.prefetch``)."""
+
+    def attach(self, engine: "Engine") -> None:
+        self.engine = engine
+
+    # ---- per request / step / layer (hot path) -----------------------------------------------------
+    def on_request_start(self, request: Request) -> None:
+        pass
+
+    def on_step_start(self, n_tokens: int) -> None:
+        pass
+
+    def before_layer(self, layer: int, experts: Sequence[int], tokens_per_expert: Sequence[int]) -> None:
+        pass
+
+    def on_miss(self, key: ExpertKey) -> None:
+        pass
+
+    def place_miss(self, key: ExpertKey, n_tokens: int) -> str:
+        """Where an expert that is not cached runs for the ``n_tokens`` routed to it: :data:`FETCH` (default),
+        :data:`ON_HOST` or :data:`SUBSTITUTE` (then :meth:`substitute` supplies the weights)."""
+        return FETCH
+
+    def substitute(self, key: ExpertKey):
+        """Weights to compute a missed expert with instead of fetching it: ``((gate_up, down), bytes_ratio)``,
+        ``bytes_ratio`` being the substitute's bytes over the full expert's (for the modeled clock)."""
+        raise NotImplementedError(f"strategy {self.name!r} returned SUBSTITUTE without a substitute()")
+
+    def choose_victim(self, candidates: Sequence[ExpertKey], needed: ExpertKey | None) -> ExpertKey | None:
+        """Pick one of ``candidates`` (least recently used first) to evict to make room for ``needed``, or
+        return None to decline: the engine then fetches ``needed`` later in the layer, when experts it has
+        computed become candidates (it forces the least recently used one only if nothing else can work)."""
+        return candidates[0]
+
+    def after_layer(self, layer: int, experts: Sequence[int]) -> None:
+        pass
+
+    def on_step_end(self, new_tokens: Sequence[int]) -> None:
+        pass
+
+    def generate(self, engine: "Engine", request: Request) -> list[int]:
+        """One token per forward under ``request.decode``. Speculative strategies override this."""
+        return engine.decode(request)
+
+    def metrics(self) -> dict[str, float]:
+        """Strategy-specific metrics for the finished cell (added to the row's ``extra``)."""
+        return {}

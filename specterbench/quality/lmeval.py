@@ -1,0 +1,409 @@
+"""The lm-eval model type ``specterbench``: lm-eval tasks scored through the offloaded engine and a strategy.
+
+    specterbench-lm-eval --model specterbench \\
+        --model_args model=tiny-mixtral,strategy=specter,budget=50% --tasks shakespeare_scramble --device cpu
+
+``model_args``:
+
+- ``model``     a registered specterbench model (``specterbench list``)
+- ``strategy``  a registered strategy, ``reference`` (the target with every expert resident) or ``draft``
+                (the 4-bit self-draft alone: the target with its routed experts quantized, no offloading)
+- ``budget``    device bytes for experts: ``50%``, ``0.5`` or ``120MB`` (default 50%; ignored by
+                ``reference`` and ``draft``, and by strategies with a fixed budget such as ``resident``)
+- ``profile``, ``clock``  the modeled clock's hardware profile (default ``a100-40g-pcie4``) or
+                ``clock=measured`` (CUDA events on a GPU, host wall time elsewhere)
+- ``max_length``, ``max_gen_toks``  context window (default: the model's) and default generation length
+- ``threads``   torch host threads (default 1, as ``specterbench run``); ``progress=false`` hides the bars
+- anything else is a strategy option (``k=4``, ``bits=8``); ``draft`` takes ``bits``, ``quant_type``,
+  ``blocksize``
+
+Log-likelihoods (``loglikelihood``, ``loglikelihood_rolling``) are target forward passes through the
+engine with the strategy managing the expert cache; ``generate_until`` decodes greedily through the
+strategy's own :meth:`~specterbench.Strategy.generate`, so a speculative strategy's draft-and-verify path is
+what gets scored. Requests are scored one at a time (batch size 1).
+
+Why a wrapper command: lm-eval 0.4.x finds model types only in its own ``lm_eval.models`` table — it has
+no entry-point group for third-party models, and ``--include_path`` YAML ``!function`` modules are
+imported only after the model is built. ``specterbench-lm-eval`` (also ``python -m specterbench.quality.lmeval``)
+registers this model type and then runs lm-eval's own command line with the same arguments; it adds
+``--include_path <shipped tasks>`` when none is given. See docs/eval.md.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Nothing downloads at run time (DESIGN rule 7); an explicit user setting wins. Set before lm-eval and
+# ``datasets`` are imported, since ``datasets`` reads these variables once at import.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import logging  # noqa: E402
+import sys  # noqa: E402
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from lm_eval import utils as lm_utils  # noqa: E402
+from lm_eval.api.model import TemplateLM  # noqa: E402
+from lm_eval.api.registry import register_model  # noqa: E402
+
+from specterbench.engine.engine import Engine  # noqa: E402
+from specterbench.errors import BudgetError, SpecterbenchError, UsageError  # noqa: E402
+from specterbench.plugins.strategy import Calibration, Request  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+MODEL_TYPE = "specterbench"
+REFERENCE, DRAFT = "reference", "draft"
+DEFAULT_MODEL = "tiny-random-mixtral"
+DEFAULT_BUDGET = "50%"
+DEFAULT_PROFILE = "a100-40g-pcie4"
+DRAFT_OPTIONS = ("bits", "quant_type", "blocksize")
+_LM_EVAL_INJECTED = ("trust_remote_code",)  # model_args lm-eval adds on its own
+
+
+def load_engine(model: str, device: str = "cpu", host=None) -> Engine:
+    """Load a registered model into an :class:`Engine` (experts moved to the host store)."""
+    from specterbench.plugins.host import get_host
+
+    host = host or get_host()
+    spec = host.models().get(model)
+    net, tokenizer = spec.load()
+    if tokenizer is None:
+        raise UsageError(f"model {model!r} has no tokenizer, which lm-eval needs to turn text into tokens")
+    return Engine(net, name=model, device=device, tokenizer=tokenizer)
+
+
+def calibrate(engine: Engine, host=None) -> Calibration:
+    """The calibration ``specterbench run`` gives profiling strategies (same workload, same resident passes).
+
+    Borrowed from :meth:`specterbench.bench.runner.Runner.calibrate` through a throw-away runner, so both stay one
+    definition.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from specterbench.plugins.host import get_host
+    from specterbench.bench.runner import BenchConfig, Runner
+
+    config = BenchConfig(models=(engine.name,), strategies=(), budgets=(), profile=DEFAULT_PROFILE)
+    with tempfile.TemporaryDirectory(prefix="specterbench-calibrate-") as tmp:
+        return Runner(host or get_host(), config, Path(tmp) / "run", env={}).calibrate(engine)
+
+
+class SpecterbenchLM(TemplateLM):
+    """An lm-eval ``LM`` backed by a specterbench :class:`Engine` and one strategy (or reference / draft)."""
+
+    def __init__(self, model: str = DEFAULT_MODEL, strategy: str = REFERENCE, budget=DEFAULT_BUDGET,
+                 profile: str = DEFAULT_PROFILE, clock: str = "modeled", max_length=None, max_gen_toks=256,
+                 device=None, batch_size=None, max_batch_size=None, engine: Engine | None = None,
+                 calibration: Calibration | None = None, progress=True, threads=1, **options):
+        super().__init__()
+        from specterbench.plugins.host import get_host
+
+        for key in _LM_EVAL_INJECTED:
+            options.pop(key, None)
+        if str(batch_size or 1) not in ("1", "auto"):
+            log.warning("specterbench scores one request at a time; batch_size=%s is ignored", batch_size)
+        if threads:
+            torch.set_num_threads(int(threads))  # as the runner: 1 keeps tiny models from thrashing the host
+        self.host = get_host()
+        self.variant = str(strategy)
+        self.budget_text = str(budget)
+        self.profile = str(profile)
+        self.clock_kind = str(clock)
+        if self.clock_kind not in ("modeled", "measured"):
+            raise UsageError(f"unknown clock {clock!r}; use 'modeled' or 'measured'")
+        self.engine = engine if engine is not None else load_engine(str(model), str(device or "cpu"), self.host)
+        self._device = self.engine.device
+        self.tokenizer = self.engine.tokenizer
+        self._max_length = int(max_length) if max_length else self._model_max_length()
+        self._max_gen_toks = int(max_gen_toks)
+        self._calibration = calibration
+        self._requests = 0
+        self.progress = str(progress).lower() not in ("false", "0", "no")
+        self._setup(options)
+
+    # ---- setup -------------------------------------------------------------------------------------
+    def _setup(self, options: dict) -> None:
+        from specterbench.bench.runner import ReferenceStrategy, make_clock, BenchConfig, parse_budget
+        from specterbench.engine.clocks import HostWallClock
+
+        engine = self.engine
+        total = engine.total_expert_bytes
+        self.draft = None
+        self.lossless = True
+        if self.variant in (REFERENCE, DRAFT):
+            allowed = DRAFT_OPTIONS if self.variant == DRAFT else ()
+            unknown = sorted(set(options) - set(allowed))
+            if unknown:
+                raise UsageError(f"{self.variant!r} takes no option(s) {', '.join(unknown)}; it accepts: "
+                                 f"{', '.join(allowed) or 'none'}")
+            self.strategy = ReferenceStrategy()
+            self.budget_bytes = total
+            engine.configure(self.strategy, total, HostWallClock())
+            if self.variant == REFERENCE:
+                self.strategy.prepare(engine)
+            else:
+                from specterbench.engine.draft import QuantizedExperts, QuantSpec
+
+                spec = QuantSpec(bits=int(options.get("bits", 4)), quant_type=str(options.get("quant_type", "nf4")),
+                                 blocksize=int(options.get("blocksize", 64)))
+                # the same quantized experts a speculative strategy with this spec drafts with
+                drafts = engine.__dict__.setdefault("_quantized_drafts", {})
+                if spec not in drafts:
+                    drafts[spec] = QuantizedExperts(engine, spec)
+                self.draft = drafts[spec]
+                self.draft_label = spec.label()
+                self.lossless = False
+            return
+        cls = self.host.strategies().get(self.variant)
+        if cls.uses_reference_trace:
+            raise UsageError(f"strategy {self.variant!r} needs the recorded routing of each request before it "
+                             f"runs (it is a bound, not a strategy a model can be evaluated with)")
+        if cls.fixed_budget_fraction is not None:
+            nbytes = int(cls.fixed_budget_fraction * total)
+        else:
+            nbytes = parse_budget(self.budget_text).resolve(total)
+        if nbytes > total:
+            raise BudgetError(f"budget {self.budget_text} = {nbytes} bytes is above all expert bytes of "
+                              f"{engine.name} ({total}); use at most 100%")
+        self.budget_bytes = nbytes
+        self.lossless = bool(cls.lossless)
+        strategy = cls(**options)
+        config = BenchConfig(models=(engine.name,), strategies=(self.variant,), budgets=(), profile=self.profile,
+                             clock=self.clock_kind)
+        if self.clock_kind == "modeled":
+            self.host.profiles().entry(self.profile)  # did-you-mean on a typo
+        calibration = None
+        if cls.uses_calibration:
+            if self._calibration is None:
+                self._calibration = calibrate(engine, self.host)
+            calibration = self._calibration
+        engine.configure(strategy, nbytes, make_clock(config, self.host, engine))
+        strategy.prepare(engine, calibration)
+        self.strategy = strategy
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The calibration this model profiled with (reuse it for the next strategy on the same engine)."""
+        return self._calibration
+
+    def _model_max_length(self) -> int:
+        config = self.engine.model.config
+        n = getattr(config, "max_position_embeddings", None) or 2048
+        tok_max = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(tok_max, int) and 0 < tok_max < n:
+            n = tok_max
+        return int(n)
+
+    def _ensure_active(self) -> None:
+        """Engines are shared between LM objects (one per strategy); refuse to run on another's cache."""
+        if self.engine.strategy is not self.strategy:
+            raise UsageError(f"the engine of {self.engine.name!r} was reconfigured for another strategy after "
+                             f"this lm-eval model ({self.variant}) was built; build one model per evaluation")
+
+    # ---- what lm-eval asks -------------------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        tok = self.tokenizer
+        for attr in ("eos_token_id", "bos_token_id"):
+            value = getattr(tok, attr, None)
+            if value is not None:
+                return int(value)
+        return int(tok.encode("\n")[0])  # byte-level tokenizers of the random seam-test models have no EOS
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    @property
+    def batch_size(self) -> int:
+        return 1
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"specterbench-{self.engine.name}"
+
+    def tok_encode(self, string: str, add_special_tokens=None, **kwargs) -> list[int]:
+        try:
+            return list(self.tokenizer.encode(string, add_special_tokens=bool(add_special_tokens)))
+        except TypeError:  # a plain tokenizer without the keyword (ByteTokenizer)
+            return list(self.tokenizer.encode(string))
+
+    def tok_decode(self, tokens) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+    def get_model_info(self) -> dict:
+        """Recorded by lm-eval in the results' ``config`` (called after the evaluation)."""
+        engine, stats = self.engine, self.engine.stats
+        info = {
+            "specterbench_model": engine.name,
+            "specterbench_variant": self.variant,
+            "lossless": self.lossless,
+            "budget_bytes": self.budget_bytes,
+            "budget_fraction": self.budget_bytes / engine.total_expert_bytes,
+            "total_expert_bytes": engine.total_expert_bytes,
+            "ledger_h2d_bytes": stats.h2d_bytes,
+            "hits": stats.hits,
+            "misses": stats.misses,
+        }
+        if self.draft is not None:
+            info["draft_quant"] = self.draft_label
+            info["draft_device_bytes"] = self.draft.nbytes
+        else:
+            info["strategy_device_bytes"] = self.strategy.device_bytes(engine)
+        return info
+
+    # ---- scoring -----------------------------------------------------------------------------------
+    def _logits(self, ids: list[int]) -> torch.Tensor:
+        """All-position logits [T, V] of one fresh forward over ``ids``."""
+        self._ensure_active()
+        engine = self.engine
+        kv = engine.new_kv_cache()
+        x = torch.tensor([ids], dtype=torch.long)  # [1, T]
+        if self.draft is not None:
+            out = engine.forward(x, kv, all_logits=True, experts=self.draft)
+            self.draft.routing.clear()  # it records every call; nobody reads it here
+            return out
+        self._requests += 1
+        engine.begin_request(Request(f"lm-eval-{self._requests}", tuple(ids), 1))
+        return engine.forward(x, kv, all_logits=True)
+
+    def score_tokens(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+        """Log-probability of ``continuation`` after ``context`` and whether it is the greedy continuation."""
+        ids = (context + continuation)[-(self.max_length + 1):]
+        n = min(len(continuation), len(ids) - 1)
+        logits = self._logits(ids[:-1])[-n:]  # [n, V]
+        logp = F.log_softmax(logits.float(), dim=-1)
+        target = torch.tensor(ids[-n:], dtype=torch.long)  # [n]
+        total = float(logp.gather(-1, target[:, None]).sum())
+        greedy = bool((logp.argmax(-1) == target).all())
+        return total, greedy
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or not self.progress)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        from tqdm import tqdm
+
+        out = []
+        quiet = disable_tqdm or not self.progress
+        for cache_key, context, continuation in tqdm(requests, disable=quiet, desc="specterbench ll"):
+            result = self.score_tokens(list(context), list(continuation))
+            if cache_key is not None:
+                self.cache_hook.add_partial("loglikelihood", cache_key, result)
+            out.append(result)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from tqdm import tqdm
+
+        out = []
+        for req in tqdm(requests, disable=disable_tqdm or not self.progress, desc="specterbench rolling"):
+            (string,) = req.args
+            windows = map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1))
+            total = sum(self.score_tokens(list(ctx), list(cont))[0] for ctx, cont in windows)
+            self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
+            out.append(total)
+        return out
+
+    # ---- generation --------------------------------------------------------------------------------
+    def generate_tokens(self, context: list[int], max_new_tokens: int) -> list[int]:
+        """Greedy tokens after ``context``: through the strategy's decoding, or the draft alone."""
+        self._ensure_active()
+        engine = self.engine
+        if self.draft is None:
+            self._requests += 1
+            request = Request(f"lm-eval-{self._requests}", tuple(context), max_new_tokens)
+            engine.begin_request(request)
+            return list(self.strategy.generate(engine, request))
+        kv = engine.new_kv_cache()
+        logits = engine.forward(torch.tensor([context]), kv, experts=self.draft)
+        tokens = [int(logits[-1].argmax())]
+        while len(tokens) < max_new_tokens:
+            logits = engine.forward(torch.tensor([tokens[-1:]]), kv, experts=self.draft)
+            tokens.append(int(logits[-1].argmax()))
+        self.draft.routing.clear()
+        return tokens
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from tqdm import tqdm
+
+        out = []
+        warned = False
+        for req in tqdm(requests, disable=disable_tqdm or not self.progress, desc="specterbench generate"):
+            context, gen_kwargs = req.args
+            kwargs = dict(gen_kwargs or {})
+            until = kwargs.pop("until", None)
+            until = [until] if isinstance(until, str) else list(until or [])
+            max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+            if (kwargs.get("do_sample") or float(kwargs.get("temperature", 0) or 0) > 0) and not warned:
+                log.warning("specterbench decodes greedily (lossless strategies are defined against greedy "
+                            "decoding); sampling arguments %s are ignored", kwargs)
+                warned = True
+            budget = max(1, self.max_length - max_new)
+            ids = self.tok_encode(context)[-budget:] or [self.prefix_token_id]
+            tokens = self.generate_tokens(ids, max_new)
+            eot = self.eot_token_id
+            if eot in tokens and getattr(self.tokenizer, "eos_token_id", None) is not None:
+                tokens = tokens[: tokens.index(eot)]
+            text = self.tok_decode(tokens)
+            for stop in until:
+                if stop:
+                    text = text.split(stop)[0]
+            self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
+            out.append(text)
+        return out
+
+
+# ---- the command line ----------------------------------------------------------------------------
+def _has_include_path(argv: list[str]) -> bool:
+    return any(a == "--include_path" or a.startswith("--include_path=") for a in argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``specterbench-lm-eval``: lm-eval's own command line with the ``specterbench`` model type registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and not _has_include_path(args) and not {"-h", "--help"} & set(args):
+        args += ["--include_path", str(TASKS_DIR)]
+    saved = sys.argv
+    sys.argv = ["lm-eval", *args]
+    try:
+        cli_evaluate()
+    except ValueError as err:
+        if "not found" not in str(err).lower():
+            raise
+        print(f"specterbench-lm-eval: error: {' '.join(str(err).split())} (lm-eval); shipped tasks: "
+              f"{', '.join(SHIPPED_TASKS)}, group {SUITE} (in {TASKS_DIR}); standard tasks work by name when their "
+              f"dataset is in the local datasets cache, see docs/eval.md", file=sys.stderr)
+        return 2
+    except SpecterbenchError as err:
+        print(f"specterbench-lm-eval: error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        sys.argv = saved
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - ``python -m specterbench.quality.lmeval``
+    # register the importable class (specterbench.quality.lmeval.SpecterbenchLM), never a copy living in __main__
+    from specterbench.quality.lmeval import main as _main
+
+    sys.exit(_main())
+else:
+    register_model(MODEL_TYPE)(SpecterbenchLM)
