@@ -8,9 +8,11 @@ MODEL ?= tiny-qwen-moe
 STRATEGIES ?= all
 BUDGETS ?= 35%,50%
 PROFILE ?= a100-40g-pcie4
-TOKENS ?= 32
+TOKENS ?= 64
 PROMPTS ?= 8
 CLOCK ?= modeled
+DECODE ?= sample
+TEMPERATURE ?= 1.0
 GEOMETRY ?= auto
 BENCH_ARGS ?=
 GRID ?= examples/grid.toml
@@ -44,6 +46,7 @@ install: $(BIN)/python
 bench:
 	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) --budgets '$(BUDGETS)' \
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
+	  --decode $(DECODE) --temperature $(TEMPERATURE) \
 	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(BENCH_ARGS)
 
 test:

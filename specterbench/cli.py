@@ -55,6 +55,30 @@ def _options(pairs: list[str]) -> dict:
     return out
 
 
+def add_decode_arguments(parser, default=None) -> None:
+    """``--decode greedy|sample`` with ``--temperature``, ``--top-p``, ``--top-k`` (the noise follows ``--seed``);
+    ``default``: a DecodeSetting (the project's DEFAULT_DECODE when None)."""
+    from specterbench.engine.sampling import DECODE_MODES, DEFAULT_DECODE
+
+    default = default or DEFAULT_DECODE
+    parser.add_argument("--decode", default=default.mode, help=f"how tokens are chosen: {' | '.join(DECODE_MODES)} "
+                        f"(default {default.mode}; sample: Gumbel-max noise tied to seed, prompt and position, "
+                        "shared by the reference, every strategy and every draft)")
+    parser.add_argument("--temperature", type=float, default=default.temperature,
+                        help=f"sampling temperature, in (0, 5] (default {default.temperature:g})")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (k >= 1)")
+
+
+def decode_setting(args):
+    """The :class:`DecodeSetting` of parsed ``add_decode_arguments`` options (a bad value is a UsageError)."""
+    from specterbench.engine.sampling import DecodeSetting
+
+    if args.decode == "greedy":
+        return DecodeSetting(mode="greedy")
+    return DecodeSetting(args.decode, args.temperature, args.top_p, args.top_k, getattr(args, "seed", 0))
+
+
 def cmd_run(args) -> int:
     from specterbench.analysis.report import render_markdown, write_summary
     from specterbench.bench.runner import BenchConfig, Runner, parse_budget
@@ -74,7 +98,8 @@ def cmd_run(args) -> int:
         budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile, clock=args.clock,
         geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
-        device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set))
+        device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
+        decode=decode_setting(args))
     config.validate(host)
     if args.resume:
         run_dir = Path(args.resume)
@@ -102,6 +127,10 @@ def cmd_run(args) -> int:
         rows = read_rows(rows_path)
         summary = write_summary(run_dir, rows)
         print(render_markdown(rows), end="")
+        from specterbench.bench.reference import workload_lines
+
+        for line in workload_lines(run_dir):
+            print(line)
         print(f"rows: {rows_path}\nsummary: {summary}")
         for plot in write_plots(run_dir, rows):
             print(f"plot: {plot}")
@@ -207,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-id")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue a run, skipping finished cells")
     s.add_argument("--no-warmup", action="store_true")
+    add_decode_arguments(s)
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_run)
 

@@ -29,7 +29,7 @@ CELL_FIELDS = ("model", "geometry", "strategy", "budget_fraction", "profile", "c
 SAMPLE_KEYS = {"tpot_ms": "tpot_ms", "host_ms_per_token": "host_ms", "ttft_ms": "ttft_ms"}
 # what must be equal for two sets of rows to be comparable, and how to name it
 COMPATIBLE = (("schema_version", "schema version"), ("model", "model"), ("geometry", "geometry"),
-              ("profile", "profile"))
+              ("profile", "profile"), ("decode_label", "decode setting"))
 
 
 def cell_key(row: ResultRow) -> tuple:

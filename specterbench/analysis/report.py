@@ -83,6 +83,9 @@ def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
             lines.append("Clock: host wall time only (no CUDA device); TPOT of a GPU is not reported.")
         else:
             lines.append("TPOT is **measured** with CUDA events and synchronisation.")
+    from specterbench.bench.reference import workload_lines
+
+    lines += [f"{line}." for line in workload_lines(run_dir)]
     lines += ["", render_markdown(rows), "", "## Link bytes: engine ledger vs NVML PCIe counters", ""]
     notes = {r.nvml_note for r in rows if r.nvml_h2d_bytes is None and r.status == "ok"}
     counted = [r for r in rows if r.nvml_h2d_bytes is not None]

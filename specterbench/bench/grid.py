@@ -31,6 +31,8 @@ AXES = {"models": "models", "strategies": "strategies", "budgets": "budgets", "p
 # TOML key -> BenchConfig field, for settings shared by every cell (one value each)
 SETTINGS = {"clock": str, "host_profile": str, "calibration": str, "max_prompt_tokens": int, "repeats": int,
             "device": str, "threads": int, "warmup": bool}
+# TOML key -> DecodeSetting field: how tokens are chosen, shared by every cell (decode = "greedy" | "sample")
+DECODE_KEYS = {"decode": "mode", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
 OWN_GEOMETRY = "own"  # the geometry axis value that prices the model at its own sizes
 
 
@@ -82,7 +84,7 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
     """A :class:`Grid` from the TOML's table; an unknown key or a malformed value is a one-line UsageError."""
     from specterbench.bench.runner import parse_budget
 
-    known = [*AXES, *SETTINGS, "strategy_options"]
+    known = [*AXES, *SETTINGS, *DECODE_KEYS, "strategy_options"]
     for key in data:
         if key not in known:
             raise UsageError(f"{source}: unknown key {key!r}; {_did_you_mean(key, known)}"
@@ -113,6 +115,18 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise UsageError(f"{source}: {key} takes one {kind.__name__} value, got {value!r}")
             settings[key] = value
+    decode = {field: data[key] for key, field in DECODE_KEYS.items() if key in data}
+    if decode:
+        from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
+
+        base = DEFAULT_DECODE.to_dict() if decode.get("mode", DEFAULT_DECODE.mode) == "sample" else {}
+        try:
+            settings["decode"] = DecodeSetting.from_dict({**base, **decode})
+        except UsageError as err:
+            raise UsageError(f"{source}: {err}") from None
+        except (TypeError, ValueError):
+            raise UsageError(f"{source}: decode settings take decode = 'greedy' | 'sample', temperature = "
+                             f"number, top_p = number, top_k = integer; got {decode}") from None
     kw["settings"] = settings
     options = data.get("strategy_options", {})
     if not isinstance(options, dict):
@@ -159,7 +173,8 @@ class Cell:
 
 def reference_key(cfg: "BenchConfig") -> tuple:
     """What the reference tokens and routing trace depend on (not geometry, profile, budget or seed)."""
-    return ("reference", cfg.models[0], cfg.device, cfg.workload, cfg.prompts, cfg.tokens, cfg.max_prompt_tokens)
+    return ("reference", cfg.models[0], cfg.device, cfg.workload, cfg.prompts, cfg.tokens, cfg.max_prompt_tokens,
+            cfg.decode.label if cfg.decode.mode == "sample" else "greedy")
 
 
 def calibration_key(cfg: "BenchConfig") -> tuple:

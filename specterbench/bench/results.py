@@ -48,6 +48,7 @@ class ResultRow:
     new_tokens: int
     seed: int
     repeat: int
+    decode: dict = field(default_factory=lambda: {"mode": "greedy"})  # DecodeSetting.to_dict(): how tokens were chosen
     status: str = "ok"  # ok | diverged | error
     error: str | None = None
     lossless: bool | None = None
@@ -92,6 +93,13 @@ class ResultRow:
         from specterbench.bench.runner import strategy_label
 
         return strategy_label(self.strategy, self.extra.get("strategy_options"))
+
+    @property
+    def decode_label(self) -> str:
+        """How tokens were chosen, e.g. ``greedy`` or ``sample T=1 seed=0``."""
+        from specterbench.engine.sampling import DecodeSetting
+
+        return DecodeSetting.from_dict(self.decode).label
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -7,6 +7,7 @@ and appends one row per cell to ``rows.jsonl`` as soon as the cell ends.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -22,9 +23,11 @@ from specterbench.engine.engine import Engine
 from specterbench.errors import BudgetError, SpecterbenchError, UsageError
 from specterbench.engine.geometry import geometry_preset, project
 from specterbench.plugins.host import PluginHost
+from specterbench.bench.reference import write_reference
 from specterbench.bench.results import ResultRow, RowWriter, read_rows
 from specterbench.plugins.strategy import Calibration, Request, Strategy
 from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
+from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -83,6 +86,11 @@ class BenchConfig:
     threads: int = 1  # torch intra-op threads on the host; 1 keeps tiny models' wall times stable
     warmup: bool = True
     strategy_options: dict = field(default_factory=dict)  # strategy name -> {option: value}
+    decode: DecodeSetting = DEFAULT_DECODE  # greedy, or Gumbel-max sampling shared by reference, strategies and drafts
+
+    def __post_init__(self):
+        if self.decode.mode == "sample" and self.decode.seed != self.seed:  # one seed: the noise follows --seed
+            object.__setattr__(self, "decode", dataclasses.replace(self.decode, seed=self.seed))
 
     def validate(self, host: PluginHost) -> None:
         if self.tokens <= 0:
@@ -230,8 +238,8 @@ class Runner:
             for budget in budgets:
                 for repeat in range(cfg.repeats):
                     key = "|".join([model, geometry, label, budget.key(), cfg.workload, cfg.profile,
-                                    cfg.clock,
-                                    str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)])
+                                    cfg.clock, str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)]
+                                   + ([] if cfg.decode.mode == "greedy" else [cfg.decode.label]))
                     yield key, sname, cls, budget, repeat
 
     def run(self) -> list[ResultRow]:
@@ -247,6 +255,8 @@ class Runner:
                 continue
             prompts = encode_prompts(engine, load_prompts(cfg.workload, cfg.prompts), cfg.max_prompt_tokens)
             reference = self.record_reference(engine, prompts)
+            write_reference(self.run_dir, model=model_name, workload=cfg.workload, decode=cfg.decode,
+                            prompts=prompts, reference=reference, tokenizer=engine.tokenizer, top_k=engine.top_k)
             calibration = None
             for key, sname, cls, budget, repeat in todo:
                 if cls.uses_calibration and calibration is None:
@@ -286,10 +296,10 @@ class Runner:
         strategy.prepare(engine)
         out, traces = {}, {}
         for pid, ids in prompts:
-            request = Request(pid, ids, tokens)
+            request = Request(pid, ids, tokens, decode=self.config.decode)
             engine.begin_request(request)
             rec = engine.start_recording()
-            out[pid] = tuple(engine.greedy_decode(request))
+            out[pid] = tuple(engine.decode(request))
             engine.stop_recording()
             traces[pid] = tuple(rec.trace)
             yield pid, out[pid], traces[pid], rec.counts
@@ -322,7 +332,7 @@ class Runner:
             total_expert_bytes=total, profile=cfg.profile if cfg.clock == "modeled" else "-",
             clock=cfg.clock if (cfg.clock == "modeled" or engine.device.type == "cuda") else "host",
             workload=cfg.workload, prompts=len(prompts), new_tokens=cfg.tokens, seed=cfg.seed, repeat=repeat,
-            env=self.env)
+            decode=cfg.decode.to_dict(), env=self.env)
         started = time.perf_counter()
         hooks = self.host.pm.hook
         measuring = False
@@ -336,7 +346,7 @@ class Runner:
             strategy.prepare(engine, calibration if cls.uses_calibration else None)
 
             def request(pid, ids):
-                return Request(pid, ids, cfg.tokens, reference.tokens[pid], reference.traces[pid])
+                return Request(pid, ids, cfg.tokens, reference.tokens[pid], reference.traces[pid], cfg.decode)
 
             if cfg.warmup:
                 pid, ids = prompts[0]

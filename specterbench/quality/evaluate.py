@@ -264,6 +264,7 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
              include_path: str | None = None, include_defaults: bool | None = None, draft: bool = True,
              bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, run_id: str = "eval", env: dict | None = None,
              progress: Callable[[str], None] | None = None, writer: Callable[[EvalRow], None] | None = None,
+             decode=None,
              ) -> list[EvalRow]:
     """Evaluate ``tasks`` for each model: reference, each strategy, then the draft alone. Returns the rows.
 
@@ -300,7 +301,8 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
             started = time.perf_counter()
             try:
                 lm = SpecterbenchLM(engine=engine, strategy=variant, budget=budget, profile=profile,
-                                    calibration=calibration, progress=False, **strategy_options.get(variant, {}))
+                                    calibration=calibration, progress=False, decode=decode,
+                                    **strategy_options.get(variant, {}))
                 calibration = lm.calibration or calibration
                 results = lm_eval.simple_evaluate(model=lm, tasks=task_names, task_manager=manager, limit=limit,
                                                   log_samples=True, bootstrap_iters=bootstrap_iters)
@@ -451,6 +453,10 @@ def add_parser(subparsers) -> None:
     s.add_argument("--out", default="results")
     s.add_argument("--run-id")
     s.add_argument("--quiet", action="store_true")
+    from specterbench.cli import add_decode_arguments
+    from specterbench.engine.sampling import GREEDY
+
+    add_decode_arguments(s, default=GREEDY)  # lm-eval's exact-match tasks score greedy continuations
     s.set_defaults(func=cmd_eval)
 
 
@@ -492,8 +498,10 @@ def cmd_eval(args) -> int:
             f.flush()
             os.fsync(f.fileno())
 
+    from specterbench.cli import decode_setting
+
     rows = run_eval(models, strategies, _csv(args.tasks), limit=args.limit, budget=args.budget,
-                    profile=args.profile, device=args.device, strategy_options=options,
+                    decode=decode_setting(args), profile=args.profile, device=args.device, strategy_options=options,
                     include_path=args.include_path, draft=not args.no_draft, bootstrap_iters=args.bootstrap_iters,
                     run_id=run_id, progress=progress, writer=write)
     report = write_report(run_dir, rows, limit=args.limit, budget=args.budget, profile=args.profile)

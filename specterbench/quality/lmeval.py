@@ -97,7 +97,7 @@ class SpecterbenchLM(TemplateLM):
     def __init__(self, model: str = DEFAULT_MODEL, strategy: str = REFERENCE, budget=DEFAULT_BUDGET,
                  profile: str = DEFAULT_PROFILE, clock: str = "modeled", max_length=None, max_gen_toks=256,
                  device=None, batch_size=None, max_batch_size=None, engine: Engine | None = None,
-                 calibration: Calibration | None = None, progress=True, threads=1, **options):
+                 calibration: Calibration | None = None, progress=True, threads=1, decode=None, **options):
         super().__init__()
         from specterbench.plugins.host import get_host
 
@@ -121,6 +121,14 @@ class SpecterbenchLM(TemplateLM):
         self._max_gen_toks = int(max_gen_toks)
         self._calibration = calibration
         self._requests = 0
+        from specterbench.engine.sampling import GREEDY, DecodeSetting
+
+        # generate_until: greedy unless asked (lm-eval's exact-match tasks score greedy continuations); a
+        # DecodeSetting, its dict, or "greedy"/"sample"
+        if isinstance(decode, str):
+            decode = DecodeSetting(mode=decode)
+        self.decode = decode if isinstance(decode, DecodeSetting) else DecodeSetting.from_dict(decode) \
+            if decode else GREEDY
         self.progress = str(progress).lower() not in ("false", "0", "no")
         self._setup(options)
 
@@ -320,20 +328,22 @@ class SpecterbenchLM(TemplateLM):
 
     # ---- generation --------------------------------------------------------------------------------
     def generate_tokens(self, context: list[int], max_new_tokens: int) -> list[int]:
-        """Greedy tokens after ``context``: through the strategy's decoding, or the draft alone."""
+        """Tokens after ``context`` under ``self.decode``: through the strategy's decoding, or the draft alone.
+        Request ids count generation requests in order, so every strategy samples a document with one noise."""
         self._ensure_active()
         engine = self.engine
+        self._requests += 1
+        request = Request(f"lm-eval-{self._requests}", tuple(context), max_new_tokens, decode=self.decode)
         if self.draft is None:
-            self._requests += 1
-            request = Request(f"lm-eval-{self._requests}", tuple(context), max_new_tokens)
             engine.begin_request(request)
             return list(self.strategy.generate(engine, request))
+        sampler, position = request.sampler(), len(context)
         kv = engine.new_kv_cache()
         logits = engine.forward(torch.tensor([context]), kv, experts=self.draft)
-        tokens = [int(logits[-1].argmax())]
+        tokens = [sampler.pick(logits[-1], position)]
         while len(tokens) < max_new_tokens:
             logits = engine.forward(torch.tensor([tokens[-1:]]), kv, experts=self.draft)
-            tokens.append(int(logits[-1].argmax()))
+            tokens.append(sampler.pick(logits[-1], position + len(tokens)))
         self.draft.routing.clear()
         return tokens
 
