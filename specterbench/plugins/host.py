@@ -5,7 +5,14 @@ in ``DEFAULT_PLUGINS`` so they load by the same path when entry-point autoloadin
 
 Environment:
 - ``SPECTERBENCH_DISABLE_PLUGIN_AUTOLOAD=1``: load no entry points; only the built-ins.
-- ``SPECTERBENCH_BLOCK_PLUGINS=a,b``: never load plugins named ``a`` or ``b`` (entry-point names).
+- ``SPECTERBENCH_BLOCK_PLUGINS=a,b``: never load plugins named ``a`` or ``b`` (entry-point names); a name that
+  matches no installed plugin is warned about.
+
+A third-party plugin that fails to import or to register (a hook that matches no hook spec, a hook with the wrong
+arguments) does not stop unrelated commands: it is left out with a one-line warning that names it and how to
+block it, ``specterbench plugins`` lists it as failed, and asking for a name it might have provided says so.
+Strategies are checked when they register (:func:`check_strategy`): a method that looks like a misspelled
+decision point, or a decision point that cannot take the engine's arguments, is rejected in one line.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import inspect
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +47,14 @@ class PluginInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PluginFailure:
+    """A plugin left out because it failed to import or to register, and why (one line)."""
+
+    info: PluginInfo
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
 class Registered:
     name: str
     obj: Any
@@ -47,9 +64,10 @@ class Registered:
 class Registry:
     """Named things of one kind (strategies, models, profiles) and the plugin each came from."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, failed: tuple[str, ...] = ()):
         self.kind = kind
         self.items: dict[str, Registered] = {}
+        self.failed = failed  # plugins left out (failed to import or register): named when a lookup misses
 
     def add(self, name: str, obj: Any, plugin: PluginInfo) -> None:
         if not name:
@@ -70,15 +88,38 @@ class Registry:
         try:
             return self.items[name]
         except KeyError:
-            close = difflib.get_close_matches(name, self.names(), n=3, cutoff=0.5)
+            close = closest(name, self.names())
             hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-            raise UsageError(f"unknown {self.kind} {name!r}; {hint}available: {', '.join(self.names())}") from None
+            failed = (f"; plugin(s) {', '.join(map(repr, self.failed))} failed to load (see `specterbench plugins`)"
+                      if self.failed else "")
+            raise UsageError(f"unknown {self.kind} {name!r}; {hint}available: {', '.join(self.names())}"
+                             f"{failed}") from None
+
+
+def closest(name: str, choices, n: int = 3) -> list[str]:
+    """The names nearest to ``name``: close spellings first, then names that start with or contain it."""
+    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
+    low = name.lower()
+    if low:
+        close += [c for c in choices if c.lower().startswith(low) and c not in close]
+        close += [c for c in choices if low in c.lower() and c not in close]
+    return close[:n]
+
+
+def hook_names() -> list[str]:
+    return sorted(n for n in vars(hookspecs) if n.startswith("specterbench_"))
+
+
+def warn(message: str) -> None:
+    """A one-line warning on stderr (not :mod:`warnings`: users should see it once, without a source line)."""
+    print(f"specterbench: warning: {message}", file=sys.stderr, flush=True)
 
 
 class PluginHost:
     def __init__(self):
         self._pm: pluggy.PluginManager | None = None
         self._plugins: dict[str, PluginInfo] = {}
+        self._failed: dict[str, PluginFailure] = {}
         self._registries: dict[str, Registry] = {}
 
     # ---- loading -----------------------------------------------------------------------------------
@@ -87,6 +128,12 @@ class PluginHost:
         """Loaded plugins by name (loading them on first use)."""
         self.pm
         return self._plugins
+
+    @property
+    def failed(self) -> dict[str, PluginFailure]:
+        """Plugins left out because they failed to import or register, by name (loading on first use)."""
+        self.pm
+        return self._failed
 
     @property
     def pm(self) -> pluggy.PluginManager:
@@ -99,14 +146,18 @@ class PluginHost:
         pm.add_hookspecs(hookspecs)
         self._pm = pm
         blocked = {b.strip() for b in os.environ.get(BLOCK_ENV, "").split(",") if b.strip()}
+        entry_points = list(importlib.metadata.entry_points(group="specterbench"))
         if os.environ.get(DISABLE_ENV, "").lower() not in ("1", "true", "yes"):
-            for ep in importlib.metadata.entry_points(group="specterbench"):
+            for ep in entry_points:
                 if ep.name in blocked or ep.name in self._plugins:
                     continue
                 dist = ep.dist.name if ep.dist else "?"
                 version = ep.dist.version if ep.dist else "?"
-                self._register(_import(ep.name, ep.value, ep.load),
-                               PluginInfo(ep.name, ep.value, dist, version, "entry point"))
+                info = PluginInfo(ep.name, ep.value, dist, version, "entry point")
+                try:  # a broken third-party plugin is left out, loudly; the other commands go on
+                    self._register(_import(ep.name, ep.value, ep.load), info)
+                except PluginError as err:
+                    self._fail(info, str(err))
         from specterbench import __version__
 
         for name, module in DEFAULT_PLUGINS:
@@ -114,17 +165,30 @@ class PluginHost:
                 continue
             mod = _import(name, module, lambda m=module: importlib.import_module(m))
             self._register(mod, PluginInfo(name, module, "specterbench", __version__, "default"))
-        try:
-            pm.check_pending()
-        except pluggy.PluginValidationError as err:
-            raise PluginError(f"plugin {err.plugin_name!r} has a hook implementation that matches no "
-                              f"specterbench hook: {err}") from err
+        unknown = sorted(blocked - {ep.name for ep in entry_points} - {name for name, _ in DEFAULT_PLUGINS})
+        if unknown:
+            warn(f"{BLOCK_ENV} names {', '.join(map(repr, unknown))}, which no installed plugin is called; "
+                 f"installed: {', '.join(sorted({ep.name for ep in entry_points} | {n for n, _ in DEFAULT_PLUGINS}))}")
+
+    def _fail(self, info: PluginInfo, error: str) -> None:
+        self._failed[info.name] = PluginFailure(info, error)
+        warn(f"{error}; it is left out (block it with {BLOCK_ENV}={info.name}, or fix or uninstall "
+             f"{info.distribution})")
 
     def _register(self, obj, info: PluginInfo) -> None:
+        """Register one plugin and check its hooks; a bad plugin raises :class:`PluginError` and stays out."""
         try:
             self._pm.register(obj, name=info.name)
         except pluggy.PluginValidationError as err:
-            raise PluginError(f"plugin {info.name!r} ({info.distribution}) is invalid: {err}") from err
+            raise PluginError(f"plugin {info.name!r} ({info.distribution}) is invalid: "
+                              f"{str(err).splitlines()[0]}") from err
+        unknown = [h.name for h in self._pm.get_hookcallers(obj) or [] if not h.has_spec()
+                   and not any(i.optionalhook for i in h.get_hookimpls() if i.plugin is obj)]
+        if unknown:
+            self._pm.unregister(obj)
+            near = difflib.get_close_matches(unknown[0], hook_names(), n=1, cutoff=0.0)
+            raise PluginError(f"plugin {info.name!r} implements unknown hook {unknown[0]!r}; "
+                              f"did you mean {near[0]!r}? (hooks: specterbench/plugins/hookspecs.py)")
         self._plugins[info.name] = info
         self._registries.clear()
 
@@ -133,7 +197,6 @@ class PluginHost:
         self.pm  # load the rest first
         info = PluginInfo(name, getattr(obj, "__name__", type(obj).__name__), "(in-process)", "-", "registered")
         self._register(obj, info)
-        self.pm.check_pending()
         return info
 
     def unregister(self, name: str) -> None:
@@ -142,17 +205,23 @@ class PluginHost:
         self._registries.clear()
 
     # ---- registries --------------------------------------------------------------------------------
-    def _registry(self, kind: str, hook_name: str, key) -> Registry:
+    def _registry(self, kind: str, hook_name: str, key, check=lambda obj, info: None) -> Registry:
         if kind not in self._registries:
-            reg = Registry(kind)
+            reg = Registry(kind, tuple(self.failed))
+
+            def add(obj, info):
+                check(obj, info)
+                reg.add(key(obj), obj, info)
+
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 info = self.plugins[impl.plugin_name]
-                impl.function(register=lambda obj, info=info: reg.add(key(obj), obj, info))
+                impl.function(register=lambda obj, info=info: add(obj, info))
             self._registries[kind] = reg
         return self._registries[kind]
 
     def strategies(self) -> Registry:
-        return self._registry("strategy", "specterbench_register_strategies", lambda cls: cls.name)
+        return self._registry("strategy", "specterbench_register_strategies", lambda cls: cls.name,
+                              check_strategy)
 
     def models(self) -> Registry:
         return self._registry("model", "specterbench_register_models", lambda spec: spec.name)
@@ -179,6 +248,49 @@ class PluginHost:
         if conflicts:
             merged["conflicts"] = sorted(set(conflicts))
         return merged
+
+
+def check_strategy(cls, plugin: PluginInfo) -> None:
+    """Refuse, in one line, a strategy class the engine would call wrongly: not a :class:`Strategy`, a method
+    whose name is a near miss of a decision point (``choose_victm``), or a decision point that cannot take the
+    engine's positional arguments."""
+    from specterbench.plugins.strategy import Strategy
+
+    where = f"plugin {plugin.name!r}"
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise PluginError(f"{where} registered {cls!r}, which is not a specterbench.Strategy subclass")
+    points = {n: v for n, v in vars(Strategy).items() if not n.startswith("_") and _function(v) is not None}
+    for klass in cls.__mro__[: cls.__mro__.index(Strategy)]:
+        for attr, value in vars(klass).items():
+            func = _function(value)
+            if attr.startswith("_") or func is None:
+                continue
+            label = f"{where}: strategy {cls.name or cls.__name__!r} method {attr}"
+            if attr in points:
+                base = inspect.signature(_function(points[attr]))
+                try:
+                    inspect.signature(func).bind(*base.parameters)  # self (or cls) and each argument
+                except TypeError:
+                    raise PluginError(f"{label}{_params(inspect.signature(func))} cannot take the decision "
+                                      f"point's arguments {_params(base)}") from None
+                except ValueError:  # no signature (a builtin): nothing to check
+                    continue
+                continue
+            near = difflib.get_close_matches(attr, list(points), n=1, cutoff=0.85)
+            if near:
+                raise PluginError(f"{label} is not a decision point and would never be called; did you mean "
+                                  f"{near[0]!r}? (rename it, or give a helper a name unlike a decision point)")
+
+
+def _params(sig: inspect.Signature) -> str:
+    return f"({', '.join(str(p.replace(annotation=p.empty)) for p in sig.parameters.values())})"
+
+
+def _function(value):
+    """The plain function of a method, classmethod or staticmethod in a class ``__dict__``; None otherwise."""
+    if isinstance(value, (classmethod, staticmethod)):
+        return value.__func__
+    return value if inspect.isfunction(value) else None
 
 
 def _import(name: str, target: str, load):

@@ -1,5 +1,6 @@
 """``specterbench plugins [--json]``: every plugin loaded, where it comes from, the hooks it implements and what it
-registered; installed entry points that were not loaded, and why (blocked, autoload disabled, name taken)."""
+registered; plugins that failed to import or register, with the error; installed entry points that were not
+loaded, and why (blocked, autoload disabled, name taken)."""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ def describe(host: PluginHost) -> dict:
                for info in host.plugins.values()]
     blocked, autoload = blocked_plugins(), autoload_enabled()
     not_loaded = []
+    failed = [{"name": f.info.name, "module": f.info.module, "distribution": f.info.distribution,
+               "version": f.info.version, "error": f.error} for f in host.failed.values()]
     for ep in importlib.metadata.entry_points(group="specterbench"):
         loaded = host.plugins.get(ep.name)
-        if loaded is not None and loaded.module == ep.value:
+        if (loaded is not None and loaded.module == ep.value) or ep.name in host.failed:
             continue
         if ep.name in blocked:
             reason = f"blocked by {BLOCK_ENV}"
@@ -50,7 +53,7 @@ def describe(host: PluginHost) -> dict:
             reason = f"the name {ep.name!r} is taken by {loaded.module if loaded else '?'}"
         not_loaded.append({"name": ep.name, "module": ep.value, "distribution": ep.dist.name if ep.dist else "?",
                            "version": ep.dist.version if ep.dist else "?", "reason": reason})
-    return {"autoload": autoload, "blocked": blocked, "plugins": plugins, "not_loaded": not_loaded}
+    return {"autoload": autoload, "blocked": blocked, "plugins": plugins, "failed": failed, "not_loaded": not_loaded}
 
 
 def cmd_plugins(args) -> int:
@@ -66,6 +69,10 @@ def cmd_plugins(args) -> int:
         print(f"  {'':<{width}}  hooks: {', '.join(p['hooks']) or 'none'}")
         for label, names in p["registers"].items():
             print(f"  {'':<{width}}  {label}: {', '.join(names)}")
+    if data["failed"]:
+        print("failed to load (left out):")
+        for p in data["failed"]:
+            print(f"  {p['name']}  {p['distribution']} {p['version']}  [{p['module']}]: {p['error']}")
     if data["not_loaded"]:
         print("installed, not loaded:")
         for p in data["not_loaded"]:
