@@ -1,0 +1,80 @@
+"""``specterbench sweep GRID``: run a grid file on local processes or a Ray cluster into one run folder."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from specterbench.errors import UsageError
+
+
+def add_sweep_parser(sub) -> None:
+    """Add ``specterbench sweep`` to the CLI's subparsers."""
+    s = sub.add_parser("sweep", help="run a grid file's cells on local processes or a Ray cluster, into one run")
+    s.add_argument("grid", help="grid file (TOML): models, strategies, budgets, profiles, geometry, seeds, ...")
+    s.add_argument("--executor", choices=("local", "ray"), default="local")
+    s.add_argument("--jobs", type=int, help="local: cells at once (default: CPU cores / threads, or GPUs)")
+    s.add_argument("--address", help="ray: 'auto' (running cluster), 'ray://host:port' (Ray Client); default: "
+                   "a local Ray instance")
+    s.add_argument("--retries", type=int, default=0, help="ray: reruns of a cell whose worker or node died")
+    s.add_argument("--out", default="results")
+    s.add_argument("--run-id")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue a sweep, skipping finished cells")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args) -> int:
+    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.bench.executors import LocalExecutor, RayExecutor
+    from specterbench.bench.grid import load_grid
+    from specterbench.bench.results import read_rows
+    from specterbench.bench.sweep import Sweep
+    from specterbench.plugins.host import get_host
+
+    host = get_host()
+    grid = load_grid(args.grid)
+    if args.executor == "ray":
+        executor = RayExecutor(args.address, retries=args.retries)
+    else:
+        if args.address:
+            raise UsageError("--address is for --executor ray")
+        executor = LocalExecutor(args.jobs)
+    if args.resume:
+        run_dir = Path(args.resume)
+        if not run_dir.is_dir():
+            raise UsageError(f"--resume {run_dir}: no such run folder")
+    else:
+        run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-sweep-" + Path(args.grid).stem
+        run_dir = Path(args.out) / run_id
+    sweep = Sweep(host, grid, run_dir, executor=executor, resume=bool(args.resume), quiet=args.quiet)
+    executor.check(grid)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    grid_copy = run_dir / "grid.toml"
+    if not grid_copy.exists():
+        grid_copy.write_text(Path(args.grid).read_text(encoding="utf-8"), encoding="utf-8")
+    host.pm.hook.specterbench_run_start(run_dir=run_dir, config=grid)
+    result = None
+    try:
+        result = sweep.run()
+    finally:
+        host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=result.rows if result else [])
+    rows_path = run_dir / "rows.jsonl"
+    if rows_path.exists():
+        summary = write_summary(run_dir)
+        print(render_markdown(read_rows(rows_path)), end="")
+        print(f"rows: {rows_path}\nsummary: {summary}")
+    if result.interrupted:
+        print(f"specterbench: interrupted; {len(result.rows)} finished rows kept in {run_dir}; continue with "
+              f"specterbench sweep {args.grid} --resume {run_dir}", file=sys.stderr)
+        return 130
+    if result.skipped:
+        print(f"specterbench: {result.skipped} of {result.cells} cells were already done", file=sys.stderr)
+    failed = [r for r in result.rows if r.status != "ok"]
+    if failed:
+        print(f"specterbench: {len(failed)} of {len(result.rows)} cell(s) failed: " +
+              "; ".join(f"{r.cell}: {r.error}" for r in failed[:10]) + (" …" if len(failed) > 10 else ""),
+              file=sys.stderr)
+        return 1
+    return 0
