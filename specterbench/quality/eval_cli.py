@@ -1,0 +1,126 @@
+"""``specterbench eval``: its arguments and the command (the evaluation itself is :func:`~specterbench.quality.
+evaluate.run_eval`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from specterbench.errors import UsageError
+from specterbench.quality.eval_report import render_markdown, write_report
+from specterbench.quality.eval_rows import EvalRow
+from specterbench.quality.evaluate import DEFAULT_BOOTSTRAP_ITERS, DEFAULT_BUDGET, default_strategies, run_eval
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def default_models(host=None) -> list[str]:
+    """The embedded trained models that are registered; the random seam-test model when none is."""
+    from specterbench.plugins.host import get_host
+
+    host = host or get_host()
+    names = host.models().names()
+    embedded = [n for n in ("tiny-mixtral", "tiny-qwen-moe") if n in names]
+    return embedded or ["tiny-random-mixtral"]
+
+
+def add_parser(subparsers) -> None:
+    """Register ``specterbench eval`` on the CLI's subparsers."""
+    s = subparsers.add_parser("eval", help="quality table: lm-eval tasks for the reference, each strategy and the "
+                                          "4-bit draft alone")
+    s.add_argument("--model", default="", help="model name(s), comma-separated (default: the embedded models)")
+    s.add_argument("--strategies", default="default",
+                   help="comma-separated strategies, 'default' (every one that takes a budget, lossless and "
+                        "lossy), 'all' or 'none'")
+    s.add_argument("--tasks", default="specterbench_suite",
+                   help="comma-separated lm-eval tasks or groups (default: the shipped specterbench_suite)")
+    s.add_argument("--limit", type=int, default=None, help="samples per task (default: all)")
+    s.add_argument("--budget", default=DEFAULT_BUDGET, help="expert budget for the strategies (default 50%%)")
+    s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--set", action="append", metavar="STRATEGY.OPTION=VALUE",
+                   help="strategy option, e.g. specter.k=4 (draft.bits=8 for the draft row)")
+    s.add_argument("--include-path", default=None, help="another folder of lm-eval task YAML files")
+    s.add_argument("--no-draft", action="store_true", help="leave out the draft-alone row")
+    s.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
+                   help="bootstrap iterations for perplexity stderr (lm-eval's default is 100000)")
+    s.add_argument("--out", default="results")
+    s.add_argument("--run-id")
+    s.add_argument("--quiet", action="store_true")
+    from specterbench.cli import add_decode_arguments
+    from specterbench.engine.sampling import GREEDY
+
+    add_decode_arguments(s, default=GREEDY)  # lm-eval's exact-match tasks score greedy continuations
+    s.set_defaults(func=cmd_eval)
+
+
+def cmd_eval(args) -> int:
+    import torch
+
+    from specterbench.plugins.host import get_host
+
+    host = get_host()
+    torch.set_num_threads(1)
+    models = _csv(args.model) or default_models(host)
+    if args.strategies in ("default", ""):
+        strategies = default_strategies(host)
+    elif args.strategies == "none":
+        strategies = []
+    elif args.strategies == "all":
+        strategies = host.strategies().names()
+    else:
+        strategies = _csv(args.strategies)
+    if args.limit is not None and args.limit <= 0:
+        raise UsageError(f"--limit must be a positive number of samples per task, got {args.limit}")
+    options: dict = {}
+    for pair in args.set or []:
+        lhs, sep, value = pair.partition("=")
+        if not sep or "." not in lhs:
+            raise UsageError(f"malformed --set {pair!r}; write STRATEGY.OPTION=VALUE, e.g. specter.k=4")
+        name, option = lhs.split(".", 1)
+        options.setdefault(name, {})[option] = value
+    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + models[0]
+    run_dir = Path(args.out) / f"eval-{run_id}"
+    _quiet_libraries()
+    progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    jsonl = run_dir / "eval.jsonl"
+
+    def write(row: EvalRow) -> None:
+        with open(jsonl, "a", encoding="utf-8") as f:
+            f.write(row.to_json() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    from specterbench.cli import decode_setting
+
+    rows = run_eval(models, strategies, _csv(args.tasks), limit=args.limit, budget=args.budget,
+                    decode=decode_setting(args), profile=args.profile, device=args.device, strategy_options=options,
+                    include_path=args.include_path, draft=not args.no_draft, bootstrap_iters=args.bootstrap_iters,
+                    run_id=run_id, progress=progress, writer=write)
+    report = write_report(run_dir, rows, limit=args.limit, budget=args.budget, profile=args.profile)
+    print(render_markdown(rows), end="")
+    print(f"rows: {jsonl}\nreport: {report}")
+    failed = [r for r in rows if r.status != "ok"]
+    if failed:
+        print(f"specterbench: {len(failed)} eval row(s) failed: " +
+              "; ".join(f"{r.model}/{r.variant}/{r.task}: {r.error}" for r in failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+def _quiet_libraries() -> None:
+    """lm-eval and datasets log every task load; the table is what this command prints."""
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    except ImportError:  # pragma: no cover - lm-eval depends on datasets
+        pass
