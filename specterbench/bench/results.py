@@ -134,16 +134,20 @@ def iter_rows(path: Path, on_error: str = "stop") -> Iterator[ResultRow]:
         path = path / "rows.jsonl"
     if not path.exists():
         raise UsageError(f"no results at {path}; run `specterbench run` first or pass a run folder")
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
+    with open(path, "rb") as f:  # bytes: a line of binary garbage is one bad row, not a UnicodeDecodeError
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                yield ResultRow.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError, UsageError) as err:
+                data = json.loads(raw.decode("utf-8"))
+                if not isinstance(data, dict):
+                    raise TypeError(f"a row is a JSON object, this line holds a {type(data).__name__}")
+                yield ResultRow.from_dict(data)
+            except (UnicodeDecodeError, json.JSONDecodeError, TypeError, KeyError, ValueError, UsageError) as err:
                 if on_error == "skip":
                     continue
-                raise UsageError(f"{path}:{lineno}: corrupt or partial row ({err}); pass --on-error skip to "
+                reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+                raise UsageError(f"{path}:{lineno}: corrupt or partial row ({reason}); pass --on-error skip to "
                                  f"skip bad lines") from None
 
 

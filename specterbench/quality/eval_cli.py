@@ -77,6 +77,9 @@ def cmd_eval(args) -> int:
         strategies = _csv(args.strategies)
     if args.limit is not None and args.limit <= 0:
         raise UsageError(f"--limit must be a positive number of samples per task, got {args.limit}")
+    from specterbench.bench.budget import parse_budget
+
+    parse_budget(args.budget)  # a bad budget is one line now, not after the reference ran (once per model)
     options: dict = {}
     for pair in args.set or []:
         lhs, sep, value = pair.partition("=")
