@@ -80,7 +80,7 @@ def test_speedup_is_over_the_best_other_lossless_strategy_excluding_references()
     rows += [row(strategy="lossy", lossless_strategy=False, budget_fraction=b, tpot_ms=0.1) for b in (0.35, 0.5)]
     result = run_gate(rows, None, ["speedup strategy=specter min=1.5"])
     assert result.ok and result.exit_code == 0
-    assert all("vs static 1.6 → 1.600×" in c.message for c in result.checks)
+    assert all("vs static 1.6 → 1.6000×" in c.message for c in result.checks)
 
 
 def test_speedup_respects_a_higher_is_better_metric():
@@ -93,7 +93,7 @@ def test_speedup_over_a_named_strategy_even_a_reference():
     rows = grid({"specter": 1.0, "lru": 2.0, "static": 1.2, "oracle": 0.8})
     assert run_gate(rows, None, ["speedup strategy=specter over=lru min=2"]).ok
     result = run_gate(rows, None, ["speedup strategy=specter over=oracle min=0.8"])
-    assert result.ok and "vs oracle 0.8 → 0.800×" in result.checks[0].message
+    assert result.ok and "vs oracle 0.8 → 0.8000×" in result.checks[0].message
 
 
 def test_speedup_without_the_strategy_or_a_competitor_fails_with_the_reason():
@@ -109,8 +109,9 @@ def test_regression_beyond_the_tolerance_fails_and_within_passes():
     ref = grid({"lru": 1.0, "specter": 1.0})
     new = grid({"lru": 1.04, "specter": 1.06})
     result = run_gate(new, ref, ["regression metric=tpot_ms max_pct=5"])
-    assert [c.message.split(" @")[0] for c in result.failures] == ["specter", "specter"]
-    assert "tpot_ms 1 → 1.06 (+6.00%, lower is better; allowed worse by ≤ 5%)" in result.failures[0].message
+    assert [c.cell.split(" @")[0] for c in result.failures] == ["m · specter", "m · specter"]
+    assert (result.failures[0].reference, result.failures[0].now, result.failures[0].limit) == (1.0, 1.06, 1.05 + 1e-6)
+    assert "tpot_ms: reference 1, now 1.06, limit 1.05 — +6.00%, lower is better, tolerance 5%" in render(result)
 
 
 def test_regression_of_a_higher_is_better_metric_is_a_drop():
@@ -121,7 +122,7 @@ def test_regression_of_a_higher_is_better_metric_is_a_drop():
 
 def test_a_reference_cell_missing_from_the_run_fails():
     result = run_gate(grid({"lru": 1.0}), grid({"lru": 1.0, "static": 1.0}), ["regression max_pct=5"])
-    assert [("static" in c.message and "missing from this run" in c.message) for c in result.failures] == [True] * 2
+    assert [("static" in c.cell and "missing from this run" in c.message) for c in result.failures] == [True] * 2
 
 
 def test_gate_collects_every_failure():
@@ -193,13 +194,14 @@ def run(host, cls, run_dir):
 
 
 def test_a_deliberately_slowed_strategy_fails_the_gate(host, small_prompts, tmp_path):
-    rules = ["regression metric=tpot_ms max_pct=1 strategies=all"]
+    rules = [r for r in load_rules("results/reference/gate.toml") if isinstance(r, RegressionRule)]
     reference = run(host, MyStrat, tmp_path / "reference")
     same = run(host, MyStrat, tmp_path / "same")
+    assert [r.host_ms_per_token for r in same] != [r.host_ms_per_token for r in reference]  # wall time differs
     assert run_gate(same, reference, rules).exit_code == 0  # the modeled clock is deterministic
     slowed = run(host, SlowedMyStrat, tmp_path / "slowed")
     result = run_gate(slowed, reference, rules)
     assert result.exit_code == 1
-    assert [c.message.split(" @")[0] for c in result.failures] == ["mystrat"]  # lru still passes
-    assert all("lower is better" in c.message for c in result.failures)
-    assert "FAIL  [regression metric=tpot_ms max_pct=1 strategies=all] mystrat @ 35%" in render(result)
+    assert {c.cell.split(" @")[0] for c in result.failures} == {"tiny-random-mixtral · mystrat"}  # lru still passes
+    assert {"tpot_ms", "tpot_mean_ms", "tpot_p90_ms"} <= {c.metric for c in result.failures}
+    assert "FAIL  tiny-random-mixtral · mystrat @ 35%" in render(result)
