@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from specterbench import hookimpl
 from specterbench.errors import ModelError
 
 
@@ -20,7 +21,7 @@ class ModelSpec:
     family: str
     description: str
     load: Callable[[], tuple[torch.nn.Module, object]]  # -> (model in eval mode, tokenizer or None)
-    kind: str = "random"  # random | embedded | preset
+    kind: str = "random"  # random | embedded | preset | local
     geometry: str | None = None  # the real model it stands in for: ``--geometry auto`` prices it at that size
 
 
@@ -146,18 +147,51 @@ def resolve_checkpoint(preset: str) -> "Path":
 
 
 def load_checkpoint(path, dtype=torch.bfloat16):
-    """Load a local checkpoint with the hub offline; experts of old per-expert checkpoints convert on load."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    """Load a local checkpoint, shard by shard into an uninitialised model (host RAM ≈ the model's own bytes;
+    see :mod:`specterbench.engine.checkpoint`); per-expert tensors land in the fused layout as they are read."""
+    from specterbench.engine.checkpoint import load_checkpoint as load
 
-    from specterbench.engine.seam import SUPPORTED_FAMILIES
-
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
-    if config.model_type not in SUPPORTED_FAMILIES:
-        raise ModelError(f"{path}: model type {config.model_type!r} has no supported MoE block; supported "
-                         f"families: {', '.join(SUPPORTED_FAMILIES)}")
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model, tokenizer = load(path, dtype)
     return model.eval(), tokenizer
+
+
+def local_spec(path) -> ModelSpec:
+    """A model spec for any local checkpoint of a supported family (``--model-path DIR`` alone): the family
+    from its config.json, the geometry from the config, the tokenizer from the directory. Checked now, so a bad
+    directory is a one-line :class:`ModelError` before any model is built."""
+    from pathlib import Path
+
+    from specterbench.engine.checkpoint import read_config, weight_files
+
+    path = Path(path).expanduser().resolve()
+    config = read_config(path)
+    weight_files(path)
+    experts = (getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+               or getattr(config, "n_routed_experts", None))
+    return ModelSpec(name=f"local:{path.name}", family=config.model_type, kind="local",
+                     description=f"{config.model_type} checkpoint at {path} ({config.num_hidden_layers} layers, "
+                                 f"{experts} experts, top-{getattr(config, 'num_experts_per_tok', '?')})",
+                     load=lambda: load_checkpoint(path))
+
+
+class _LocalModels:
+    """An in-process plugin that registers local checkpoints named on the command line."""
+
+    def __init__(self, specs):
+        self.specs = list(specs)
+
+    @hookimpl
+    def specterbench_register_models(self, register):
+        for spec in self.specs:
+            register(spec)
+
+
+def register_local_model(host, path) -> str:
+    """Register the checkpoint at ``path`` with ``host`` and return its model name (``local:<folder>``)."""
+    spec = local_spec(path)
+    if spec.name not in host.models().names():
+        host.register(_LocalModels([spec]), f"local-model:{spec.name}")
+    return spec.name
 
 
 def preset_specs() -> list[ModelSpec]:

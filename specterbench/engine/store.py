@@ -1,0 +1,109 @@
+"""The host expert store, built layer by layer so that host RAM holds each expert once.
+
+Every routed expert lives in host memory as a pair of per-expert tensors, ``gate_up`` [2I, H] and ``down``
+[H, I]. The store is built one MoE layer at a time from the model's fused tensors (``gate_up_proj``
+[E, 2I, H], ``down_proj`` [E, H, I]):
+
+- same dtype, no pinning (CPU runs): the per-expert tensors are *views* of the fused ones — no copy at all;
+- another dtype: the layer is converted once and its original is freed before the next layer is touched;
+- pinned (CUDA runs): a large fused tensor is page-locked *in place* (``cudaHostRegister``), so the views are
+  pinned memory and nothing is copied; a small one (or one the driver refuses) is copied into pinned memory and
+  its original freed. Registered memory is unregistered when the store goes away.
+
+So the peak while building is the model's own bytes plus one layer, never the model twice (EVIDENCE §3: the
+old store was built while every original fused tensor was still alive).
+
+``device_expert_bytes`` is what one expert really occupies on the device once copied there in the compute
+dtype: the bytes a cache slot must be charged (an fp32 model's slots are twice its bf16 store's).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+ExpertKey = tuple[int, int]  # (moe_layer, expert)
+
+REGISTER_MIN_BYTES = 64 * 2**20  # smaller tensors may share pages with others (heap), so they are copied
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _register_in_place(tensors: list[torch.Tensor]) -> list[torch.Tensor]:  # pragma: no cover - needs CUDA
+    """Page-lock large tensors where they lie; returns the ones registered (to unregister later)."""
+    cudart = torch.cuda.cudart()
+    done = []
+    for t in tensors:
+        if _nbytes(t) < REGISTER_MIN_BYTES or t.is_pinned():
+            continue
+        err = cudart.cudaHostRegister(t.data_ptr(), _nbytes(t), 0)
+        if int(err) == 0:
+            done.append(t)
+    return done
+
+
+def _unregister(tensors: list[torch.Tensor]) -> None:  # pragma: no cover - needs CUDA
+    cudart = torch.cuda.cudart()
+    for t in tensors:
+        cudart.cudaHostUnregister(t.data_ptr())
+
+
+class ExpertStore:
+    """Host copies of every routed expert as per-expert tensors (pinned for CUDA), built layer by layer.
+
+    ``blocks``: the model's MoE blocks, each with ``experts.gate_up_proj`` / ``experts.down_proj``; their fused
+    tensors are taken over (the modules' parameters are released as each layer is done).
+    ``dtype``: the store's dtype (bf16 by default: the bytes the link moves). ``device_dtype``: the dtype an
+    expert has on the device (the model's compute dtype), which decides :attr:`device_expert_bytes`.
+    """
+
+    def __init__(self, blocks: list[nn.Module], dtype: torch.dtype, pin: bool,
+                 device_dtype: torch.dtype | None = None):
+        self.dtype = dtype
+        self.num_layers = len(blocks)
+        self.num_experts = blocks[0].experts.gate_up_proj.shape[0]
+        self.weights: dict[ExpertKey, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pinned = pin
+        self.copied_layers = 0  # layers that needed a copy (dtype conversion or pinned copy)
+        registered: list[torch.Tensor] = []
+        for layer, block in enumerate(blocks):
+            experts = block.experts
+            fused = []
+            for name in ("gate_up_proj", "down_proj"):
+                t = getattr(experts, name).detach()
+                if t.device.type != "cpu" or t.dtype != dtype:
+                    t = t.to("cpu", dtype)
+                    self.copied_layers += name == "gate_up_proj"
+                fused.append(t)
+                setattr(experts, name, None)  # the module lets go: the store holds the only reference
+            if pin:  # pragma: no cover - needs CUDA
+                new = _register_in_place(fused)
+                registered.extend(new)
+                for i, t in enumerate(fused):
+                    if not t.is_pinned():
+                        fused[i] = t.pin_memory()
+                        self.copied_layers += i == 0
+            gate_up, down = fused  # [E, 2I, H], [E, H, I]
+            for e in range(gate_up.shape[0]):
+                self.weights[(layer, e)] = (gate_up[e], down[e])  # contiguous views, no copy
+            del fused, gate_up, down
+        self.registered_bytes = sum(_nbytes(t) for t in registered)
+        if registered:  # pragma: no cover - needs CUDA
+            weakref.finalize(self, _unregister, registered)
+        gu, dn = self.weights[(0, 0)]
+        self.expert_bytes = _nbytes(gu) + _nbytes(dn)
+        itemsize = torch.empty((), dtype=device_dtype or dtype).element_size()
+        self.device_expert_bytes = (gu.numel() + dn.numel()) * itemsize
+
+    @property
+    def total_bytes(self) -> int:
+        return self.expert_bytes * len(self.weights)
+
+    @property
+    def total_device_bytes(self) -> int:
+        """All experts' bytes as they would sit on the device (compute dtype)."""
+        return self.device_expert_bytes * len(self.weights)
