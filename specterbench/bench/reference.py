@@ -74,8 +74,18 @@ def write_reference(run_dir: Path, *, model: str, workload: str, decode: DecodeS
                 "prompt": pid, "prompt_ids": list(ids), "tokens": tokens,
                 "text": tokenizer.decode(tokens) if tokenizer is not None else None,
                 "adjacent_reuse": adjacent_reuse(reference.traces[pid], top_k),
+                # top-2 score gap of each reference token (generated order), where the reference pass recorded it
+                "margins": _margins(reference, pid, len(ids), len(tokens)),
             }) + "\n")
     return path
+
+
+def _margins(reference, pid: str, prompt_len: int, n: int) -> list[float] | None:
+    by_position = reference.margins.get(pid)
+    if not by_position:
+        return None
+    return [round(float(by_position[prompt_len + i]), 6) if (prompt_len + i) in by_position else None
+            for i in range(n)]
 
 
 def read_reference(path: Path) -> list[dict]:

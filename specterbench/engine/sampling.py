@@ -93,8 +93,8 @@ class DecodeSetting:
         parts.append(f"seed={self.seed}")
         return " ".join(parts)
 
-    def sampler(self, request_id: str) -> "TokenSampler":
-        return TokenSampler(self, request_id)
+    def sampler(self, request_id: str, record_margins: bool = False) -> "TokenSampler":
+        return TokenSampler(self, request_id, record_margins)
 
 
 def _stream_seed(seed: int, request_id: str, position: int) -> int:
@@ -113,11 +113,14 @@ def gumbel_noise(seed: int, request_id: str, position: int, vocab: int) -> torch
 class TokenSampler:
     """Chooses tokens for one request under a :class:`DecodeSetting` (see the module docstring)."""
 
-    __slots__ = ("setting", "request_id")
+    __slots__ = ("setting", "request_id", "margins")
 
-    def __init__(self, setting: DecodeSetting, request_id: str):
+    def __init__(self, setting: DecodeSetting, request_id: str, record_margins: bool = False):
         self.setting = setting
         self.request_id = str(request_id)
+        #: ``{position: margin}`` of every token :meth:`pick` chose, when recording (the reference pass does, so a
+        #: later divergence at a near-tie can be told from a strategy's error); None otherwise (no extra work)
+        self.margins: dict[int, float] | None = {} if record_margins else None
 
     def scores(self, logits: torch.Tensor, position: int) -> torch.Tensor:
         """The perturbed scores [V] whose argmax is the token at ``position`` (float64, CPU)."""
@@ -139,13 +142,18 @@ class TokenSampler:
 
     def pick(self, logits: torch.Tensor, position: int) -> int:
         """The token at absolute ``position`` (0 = first prompt token) from ``logits`` [V] predicting it."""
+        if self.margins is not None:
+            x = self.scores(logits, position)
+            top2 = torch.topk(x, 2).values
+            self.margins[position] = float(top2[0] - top2[1])
+            return int(x.argmax())  # argmax, not topk's index: the same tie-break as without recording
         if self.setting.mode == "greedy":
             return int(logits.reshape(-1).argmax())
         return int(self.scores(logits, position).argmax())
 
     def pick_many(self, logits: torch.Tensor, first_position: int) -> list[int]:
         """Tokens for consecutive positions from ``logits`` [N, V] (row i predicts ``first_position + i``)."""
-        if self.setting.mode == "greedy":
+        if self.setting.mode == "greedy" and self.margins is None:
             return logits.argmax(-1).tolist()
         return [self.pick(row, first_position + i) for i, row in enumerate(logits)]
 
