@@ -143,6 +143,8 @@ def strategy_label(name: str, options: dict | None) -> str:
 class Reference:
     tokens: dict[str, tuple[int, ...]]
     traces: dict[str, tuple]
+    #: per prompt, {absolute position: top-2 score gap of the reference token there} (near-ties: numerics)
+    margins: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 class ReferenceStrategy(Strategy):
