@@ -50,7 +50,7 @@ def test_budget_plots_are_pngs_with_units_and_the_modeled_profile(tmp_path, figu
     for p in paths:
         assert p.parent == tmp_path / "plots" and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     tpot, hit, h2d = figures
-    assert tpot.get_ylabel() == "TPOT (ms/token)\nmodeled (a100-40g-pcie4)"
+    assert tpot.get_ylabel() == "TPOT, median over decode tokens (ms/token)\nmodeled (a100-40g-pcie4)"
     assert "fraction" in hit.get_ylabel() and "modeled (a100-40g-pcie4)" in hit.get_ylabel()
     assert "KB/token" in h2d.get_ylabel()
     assert tpot.get_xlabel() == "expert budget (% of all expert bytes)"
@@ -66,7 +66,7 @@ def test_error_rows_are_left_out_and_strategies_are_lines(tmp_path, figures):
 
 def test_host_clock_plots_host_wall_time_never_tpot(tmp_path, figures):
     write_plots(tmp_path, [row(clock="host", profile="-", tpot_ms=None)])
-    assert figures[0].get_ylabel().startswith("host wall time (ms/token)") and "not a GPU's TPOT" in \
+    assert figures[0].get_ylabel().startswith("host wall time, median over decode tokens (ms/token)") and "not a GPU's TPOT" in \
         figures[0].get_ylabel()
 
 
@@ -98,3 +98,47 @@ def test_accepted_length_histogram_with_a_single_k(tmp_path, figures):
 
 def test_a_run_without_ok_rows_has_no_plots(tmp_path):
     assert write_plots(tmp_path, [row(status="error", error="x")]) == []
+
+
+BUILTIN = ["activation-aware", "cpu-experts", "lfru", "lfu", "lru", "mixed-precision", "next-layer-gate",
+           "on-demand", "oracle", "resident", "spec-decode", "specmoeoff", "specter", "specter-artifact", "static"]
+
+
+def test_every_builtin_strategy_has_its_own_colour_and_marker_line_pair():
+    styles = [plots.style(s) for s in BUILTIN]
+    assert len({st.color for st in styles}) == len(BUILTIN)
+    assert len({(st.marker, st.linestyle) for st in styles}) == len(BUILTIN)
+
+
+def test_specter_is_the_most_visible_and_drawn_last():
+    sp = plots.style("specter")
+    others = [plots.style(s) for s in BUILTIN if s != "specter"]
+    assert all(sp.linewidth > o.linewidth and sp.zorder > o.zorder for o in others)
+    assert plots.draw_order(["specter", "lru", "zzz"])[-1] == "specter"
+
+
+def test_an_unknown_strategy_gets_the_same_style_every_time():
+    assert plots.style("my-plugin-strategy") == plots.style("my-plugin-strategy")
+
+
+def test_strategies_keep_their_style_across_plots_and_runs(tmp_path, figures):
+    write_plots(tmp_path, grid())
+    lines = {line.get_label(): line.get_color() for ax in figures for line in ax.get_lines()}
+    assert lines["lru"] == plots.style("lru").color and lines["static"] == plots.style("static").color
+
+
+def test_budget_axis_ticks_are_the_budgets_that_ran(tmp_path, figures):
+    write_plots(tmp_path, grid())
+    labels = [t.get_text() for t in figures[0].get_xticklabels()]
+    assert labels == ["35%", "50%", "100%"]
+
+
+def test_accepted_vs_k_has_integer_k_ticks_and_no_strategy_hides_another(tmp_path, figures):
+    hist = {"0": 1, "1": 2}
+    rows = [spec(k, 0.5, hist, strategy=s) for s in ("specter", "spec-decode") for k in (2, 4)]
+    rows.append(spec("auto", 0.5, hist))  # K chosen per window: not a point on the K axis
+    write_plots(tmp_path, rows)
+    ax = figures[-1]
+    assert [t for t in ax.get_xticks()] == [2, 4]
+    xs = {line.get_label(): tuple(line.get_xdata()) for line in ax.get_lines()}
+    assert xs["specter"] != xs["spec-decode"]  # dodged sideways

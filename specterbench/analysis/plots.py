@@ -6,19 +6,80 @@ one line per strategy (medians over repeats); for speculative strategies (rows w
 histogram of accepted lengths. Rows whose status is not ``ok`` are left out. Axis labels carry units; on the
 modeled clock the budget plots' labels say ``modeled (<profile>)`` and every title names the clock. On a CPU
 without CUDA the time plot is host wall time, labelled as such, never a GPU's TPOT.
+
+Every strategy has one style in every plot (:func:`style`): the built-ins a fixed, distinct colour, marker and
+line style; any other name a combination derived from its name (stable across runs and machines). Specter is
+always drawn last, thickest and in front. Points of several strategies at one K are dodged sideways so none
+hides another; K and budget axes carry only the values that were run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from specterbench.bench.results import ResultRow
 
 FIGSIZE = (6.4, 4.2)
 DPI = 120
+TPOT_STATISTIC = "median over decode tokens"
+
+
+@dataclass(frozen=True, slots=True)
+class Style:
+    color: str
+    marker: str
+    linestyle: str
+    linewidth: float = 1.4
+    markersize: float = 5.0
+    zorder: float = 2.0
+
+    def kwargs(self) -> dict:
+        return {"color": self.color, "marker": self.marker, "linestyle": self.linestyle,
+                "linewidth": self.linewidth, "markersize": self.markersize, "zorder": self.zorder}
+
+
+# Specter: the only thick red line, drawn in front; the others are distinct in colour *and* marker *and* dash,
+# so a grey-scale print or a colour-blind reader still tells them apart (Okabe-Ito and tab colours).
+SPECTER = Style("#d62728", "*", "-", linewidth=2.8, markersize=11.0, zorder=10.0)
+STYLES = {
+    "specter": SPECTER,
+    "specter-artifact": Style("#e377c2", "P", "-", linewidth=1.8, markersize=7.0, zorder=6.0),
+    "specmoeoff": Style("#8c564b", "X", "--", markersize=6.0, zorder=5.0),
+    "spec-decode": Style("#9467bd", "D", "--", markersize=6.0, zorder=5.0),
+    "oracle": Style("#000000", "v", ":", zorder=4.0),
+    "resident": Style("#7f7f7f", "s", "--", zorder=3.0),
+    "lru": Style("#1f77b4", "o", "-"),
+    "lfru": Style("#17becf", "^", "-."),
+    "lfu": Style("#bcbd22", "<", "--"),
+    "static": Style("#ff7f0e", "s", "-"),
+    "cpu-experts": Style("#2ca02c", "h", "--"),
+    "activation-aware": Style("#003f5c", "p", "-."),
+    "next-layer-gate": Style("#e6ab02", ">", ":"),
+    "mixed-precision": Style("#a6761d", "d", "-."),
+    "on-demand": Style("#444444", "x", ":"),
+}
+_FALLBACK_COLORS = ("#66a61e", "#e7298a", "#7570b3", "#1b9e77", "#d95f02", "#a65628", "#f781bf", "#999999")
+_FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h")
+_FALLBACK_LINES = ("-", "--", "-.", ":")
+
+
+def style(strategy: str) -> Style:
+    """The one style of ``strategy`` in every plot: a built-in's fixed style, otherwise one derived from a hash of
+    its name (the same on every run and machine, unlike matplotlib's colour cycle)."""
+    if strategy in STYLES:
+        return STYLES[strategy]
+    h = int.from_bytes(hashlib.sha256(strategy.encode()).digest()[:8], "big")
+    return Style(_FALLBACK_COLORS[h % 8], _FALLBACK_MARKERS[(h // 8) % 8], _FALLBACK_LINES[(h // 64) % 4])
+
+
+def draw_order(names) -> list[str]:
+    """Strategies in drawing order: by name, Specter last (in front)."""
+    return sorted(names, key=lambda s: (s == "specter", s))
 
 
 def _slug(*parts) -> str:
@@ -63,26 +124,36 @@ def _by_strategy(rows: list[ResultRow], value) -> dict[str, list[tuple[float, fl
     return dict(lines)
 
 
+def _budget_ticks(ax, xs) -> None:
+    """Ticks at the budgets that were run (whole percent where they are whole), never fractional in-betweens."""
+    xs = sorted(xs)
+    ax.set_xticks(xs, [f"{x:.0f}%" if float(x).is_integer() else f"{x:g}%" for x in xs])
+
+
 def _budget_plot(rows, value, ylabel, path: Path, scale: float = 1.0) -> Path | None:
     lines = _by_strategy(rows, value)
     if not lines:
         return None
     fig, ax = _figure()
     xs_all = {x for pts in lines.values() for x, _ in pts}
-    for s, pts in sorted(lines.items()):
+    for s in draw_order(lines):
+        pts = lines[s]
         xs, ys = zip(*pts)
         ys = [y / scale for y in ys]
+        st = style(s)
         if len(pts) == 1 and len(xs_all) > 1:  # a fixed-budget reference (resident): a level to compare with
-            line = ax.axhline(ys[0], linestyle="--", linewidth=1, label=f"{s} (at {xs[0]:g}%)")
-            ax.plot(xs, ys, marker="s", linestyle="none", color=line.get_color())
+            ax.axhline(ys[0], linestyle="--", linewidth=1, color=st.color, zorder=st.zorder,
+                       label=f"{s} (at {xs[0]:g}%)")
+            ax.plot(xs, ys, **{**st.kwargs(), "linestyle": "none"})
         else:
-            ax.plot(xs, ys, marker="o", label=s)
+            ax.plot(xs, ys, label=s, **st.kwargs())
     r = rows[0]
+    _budget_ticks(ax, xs_all)
     ax.set_xlabel(_budget_axis(r))
     ax.set_ylabel(ylabel)
     ax.set_title(_title(r), fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncols=2 if len(lines) > 7 else 1)
     fig.savefig(path)
     return path
 
@@ -93,6 +164,16 @@ def _bytes_unit(values) -> tuple[float, str]:
         if top >= scale:
             return scale, unit
     return 1.0, "bytes"
+
+
+def _k(r: ResultRow) -> int | None:
+    """The row's fixed K, or None when K was chosen per window (``k=auto``)."""
+    k = r.extra.get("k")
+    if isinstance(k, bool):
+        return None
+    if isinstance(k, int):
+        return k
+    return int(k) if isinstance(k, str) and k.isdigit() else None
 
 
 def _speculative(rows: list[ResultRow]) -> list[ResultRow]:
@@ -118,21 +199,29 @@ def _mean_accepted(rows: list[ResultRow]) -> float | None:
 
 
 def _accepted_vs_k(rows, path: Path) -> Path | None:
+    """Mean accepted draft tokens per window against K (rows with a fixed K), one dodged line per strategy."""
+    from matplotlib.ticker import MaxNLocator
+
     by: dict[str, dict[int, list[ResultRow]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        by[r.strategy][int(r.extra["k"])].append(r)
+        if _k(r) is not None:
+            by[r.strategy][_k(r)].append(r)
     fig, ax = _figure()
+    names = draw_order(by)
+    dodge = 0.08
     drawn = False
-    for s, per_k in sorted(by.items()):
-        pts = [(k, _mean_accepted(rs)) for k, rs in sorted(per_k.items())]
-        pts = [(k, m) for k, m in pts if m is not None]
+    for i, s in enumerate(names):
+        pts = [(k, _mean_accepted(rs)) for k, rs in sorted(by[s].items())]
+        pts = [(k + (i - (len(names) - 1) / 2) * dodge, m) for k, m in pts if m is not None]
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=s)
+            ax.plot(*zip(*pts), label=s, **style(s).kwargs())
             drawn = True
     if not drawn:
         return None
-    ks = sorted({int(r.extra["k"]) for r in rows})
-    ax.plot(ks, ks, linestyle=":", color="grey", linewidth=1, label="all K accepted")
+    ks = sorted({_k(r) for r in rows if _k(r) is not None})
+    ax.plot(ks, ks, linestyle=":", color="grey", linewidth=1, label="all K accepted", zorder=1)
+    ax.set_xticks(ks)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("K (draft tokens proposed per window)")
     ax.set_ylabel("mean accepted draft tokens per window (tokens)")
     ax.set_title(_title(rows[0]) + " · all budgets", fontsize=9)
@@ -150,16 +239,20 @@ def _accepted_hist(rows, path: Path) -> Path | None:
     if not by:
         return None
     fig, ax = _figure()
-    names = sorted(by)
+    names = draw_order(by)
     width = 0.8 / len(names)
     for i, s in enumerate(names):
         windows = sum(by[s].values())
         xs = sorted(by[s])
+        st = style(s)
         ax.bar([x + (i - (len(names) - 1) / 2) * width for x in xs], [by[s][x] / windows for x in xs], width,
-               label=f"{s} ({windows} windows)")
-    k = int(rows[0].extra["k"])
-    ax.set_xticks(range(k + 1))
-    ax.set_xlabel(f"accepted draft tokens per window (tokens, K = {k})")
+               color=st.color, zorder=st.zorder, label=f"{s} ({windows} windows)",
+               edgecolor="black" if s == "specter" else st.color)
+    top = max(max(h) for h in by.values() if h)
+    ks = {_k(r) for r in rows}
+    k_text = f"K = {ks.pop()}" if len(ks) == 1 and None not in ks else "K chosen per window"
+    ax.set_xticks(range(top + 1))
+    ax.set_xlabel(f"accepted draft tokens per window (tokens, {k_text})")
     ax.set_ylabel("share of verification windows (fraction)")
     ax.set_title(_title(rows[0]) + " · all budgets", fontsize=9)
     ax.grid(True, axis="y", alpha=0.3)
@@ -185,9 +278,10 @@ def write_plots(run_dir, rows: list[ResultRow]) -> list[Path]:
         name = _slug(r.model, *([f"at-{r.geometry}"] if r.geometry != r.model else []),
                      r.profile if r.clock == "modeled" else r.clock)
         if r.clock == "host":
-            time_value, time_label = (lambda x: x.host_ms_per_token), "host wall time (ms/token)\nCPU, not a GPU's TPOT"
+            time_value, time_label = ((lambda x: x.host_ms_per_token),
+                                      f"host wall time, {TPOT_STATISTIC} (ms/token)\nCPU, not a GPU's TPOT")
         else:
-            time_value, time_label = (lambda x: x.tpot_ms), f"TPOT (ms/token){suffix}"
+            time_value, time_label = (lambda x: x.tpot_ms), f"TPOT, {TPOT_STATISTIC} (ms/token){suffix}"
         h2d = [x.h2d_bytes_per_token for x in grp if x.h2d_bytes_per_token is not None]
         scale, unit = _bytes_unit(h2d)
         plots = [
@@ -203,7 +297,7 @@ def write_plots(run_dir, rows: list[ResultRow]) -> list[Path]:
                 paths.append(p)
         spec = _speculative(grp)
         if spec:
-            if len({int(x.extra["k"]) for x in spec}) > 1:
+            if len({_k(x) for x in spec if _k(x) is not None}) > 1:
                 p = _accepted_vs_k(spec, out / f"accepted_vs_k__{name}.png")
             else:
                 p = _accepted_hist(spec, out / f"accepted_length_hist__{name}.png")
