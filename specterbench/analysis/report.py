@@ -56,6 +56,8 @@ def summary_table(rows: list[ResultRow]):
     if df.empty:
         return df
     keys = ["model", "strategy", "budget", "_frac", "clock", "workload", "tokens", "lossless", "status"]
+    for col in df.columns.difference(keys):  # float even when every value is None (an all-error or host-clock run)
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df = df.groupby(keys, sort=False, dropna=False).median(numeric_only=True).reset_index()
     df = df.sort_values(["model", "_frac", "TPOT ms"], na_position="last").drop(columns="_frac")
     return df[[c for c in df.columns if c not in ("lossless", "status")] + ["lossless", "status"]]
