@@ -216,3 +216,13 @@ def test_each_failure_is_one_line_and_the_same_in_json(tmp_path):
     line = render(run_gate(new, ref, RULES), passes=False).splitlines()[1]
     assert line.startswith("FAIL  tiny-mixtral@mixtral · lru @ 50%") and "h2d_bytes_per_token: reference 1900000, " in line
     assert "now 1995000, limit 1909500 — +5.00%" in line
+
+
+def test_a_better_metric_passes_with_a_note_to_lock_it_in():
+    ref, new = gate_grid(), gate_grid()
+    i = pick(new, "lru")
+    new[i] = dataclasses.replace(new[i], h2d_bytes_per_token=new[i].h2d_bytes_per_token * 0.9, hit_rate=0.99)
+    result = run_gate(new, ref, RULES)
+    assert result.ok and sum(c.improved for c in result.checks) == 2
+    assert "note  2 metric(s) better than the reference beyond the tolerance" in render(result, passes=False)
+    assert "note" not in render(run_gate(gate_grid(), ref, RULES))

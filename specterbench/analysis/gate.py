@@ -118,6 +118,10 @@ def render(result: GateResult, *, passes: bool = True) -> str:
     lines = [f"{head} ({n_rules} rule{'s' * (n_rules != 1)}, every row's status and the reference's coverage)"]
     lines += [f"FAIL  {c.line()}  [{c.rule}]" for c in result.failures]
     lines += [f"goal  {c.cell}: {c.message}" for c in result.goals]
+    better = sum(c.improved for c in result.checks)
+    if better:
+        lines.append(f"note  {better} metric(s) better than the reference beyond the tolerance: lock them in on "
+                     f"purpose with `make reference`")
     if passes:
         lines += [f"ok    {c.line()}" for c in result.checks if c.passed and not c.goal]
     return "\n".join(lines) + "\n"

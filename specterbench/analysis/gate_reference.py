@@ -2,7 +2,7 @@
 
 A candidate run of the gate grid is compared with the committed reference, cell by cell: every gated metric
 (:data:`specterbench.analysis.gate_metrics.METRICS`) and every ratchet of the rules file that moved is printed,
-better or worse. The candidate replaces the reference (``rows.jsonl`` and ``summary.md`` are copied) only when
+better or worse. The candidate replaces the reference (its :data:`INSTALLED` files are copied) only when
 nothing got worse: no metric worse than the reference beyond float noise (:data:`NOISE_REL`; the modeled clock is
 deterministic, so a re-record of unchanged code moves nothing), no ratchet lower, no reference cell gone and no
 candidate row failed. Otherwise it refuses (exit 1) unless ``--allow-regression`` comes with a ``--reason``, which
@@ -26,7 +26,7 @@ from specterbench.bench.results import ResultRow, read_rows
 from specterbench.errors import SpecterbenchError, UsageError
 
 NOISE_REL = 1e-9  # relative change below which a value has not moved (float summation order)
-INSTALLED = ("rows.jsonl", "summary.md")
+INSTALLED = ("rows.jsonl", "summary.md", "run.json")  # copied when the candidate has them
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +136,8 @@ def accept(candidate_dir, reference_dir=DEFAULT_REFERENCE, rules_path=None, *, a
     for name in INSTALLED:
         if (candidate_dir / name).exists():
             shutil.copyfile(candidate_dir / name, reference_dir / name)
+        elif (reference_dir / name).exists():
+            (reference_dir / name).unlink()  # no stale file from an older run
     if worse or not previous:
         log = reference_dir / "CHANGELOG.md"
         head = "" if log.exists() else "# Changes to the committed gate reference\n\n"

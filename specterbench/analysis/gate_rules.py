@@ -56,6 +56,7 @@ class Check:
     now: float | str | None = None
     limit: float | str | None = None
     goal: bool = False  # a goal line: printed, never a failure
+    improved: bool = False  # better than the reference beyond the tolerance (lock it in with `make reference`)
 
     def line(self) -> str:
         def show(v):
@@ -115,7 +116,9 @@ class RegressionRule:
                 continue
             change = (new - ref) / abs(ref) * 100 if ref else 0.0
             msg = f"{change:+.2f}%, {m.direction} is better, tolerance {self.max_pct:g}%"
-            out.append(Check(self.text, _within(new, limit, m.direction), msg, cell, self.metric, ref, new, limit))
+            improved = _within(new, _limit(ref, -self.max_pct, -m.abs_tol, m.direction), m.direction)
+            out.append(Check(self.text, _within(new, limit, m.direction), msg, cell, self.metric, ref, new, limit,
+                             improved=improved))
         return out
 
 
