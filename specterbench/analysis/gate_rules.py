@@ -70,7 +70,6 @@ class Check:
                 f"limit {show(self.limit)} — {self.message}")
 
 
-
 def _limit(ref: float, pct: float, abs_tol: float, direction: str) -> float:
     slack = abs(ref) * pct / 100 + abs_tol
     return ref + slack if direction == "lower" else ref - slack
@@ -114,8 +113,8 @@ class RegressionRule:
                 out.append(Check(self.text, False, "no status-ok value in this run", cell, self.metric, ref, "none",
                                  limit))
                 continue
-            change = (new - ref) / abs(ref) * 100 if ref else 0.0
-            msg = f"{change:+.2f}%, {m.direction} is better, tolerance {self.max_pct:g}%"
+            change = f"{(new - ref) / abs(ref) * 100:+.2f}%" if ref else f"{new - ref:+.3g} from 0"
+            msg = f"{change}, {m.direction} is better, tolerance {self.max_pct:g}%"
             improved = _within(new, _limit(ref, -self.max_pct, -m.abs_tol, m.direction), m.direction)
             out.append(Check(self.text, _within(new, limit, m.direction), msg, cell, self.metric, ref, new, limit,
                              improved=improved))
