@@ -79,19 +79,12 @@ def decode_setting(args):
     return DecodeSetting(args.decode, args.temperature, args.top_p, args.top_k, getattr(args, "seed", 0))
 
 
-def cmd_run(args) -> int:
-    from specterbench.analysis.report import render_markdown, write_summary
-    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+def run_config(args, host):
+    """The :class:`BenchConfig` of parsed ``run`` options (validated: a bad input is one UsageError line)."""
+    from specterbench.bench.runner import BenchConfig, parse_budget
 
-    host = get_host()
-    if args.model_path:
-        import os
-
-        from specterbench.engine.models import MODEL_PATH_ENV
-
-        os.environ[MODEL_PATH_ENV] = args.model_path
     if args.tokens <= 0:
-        raise UsageError(f"TOKENS must be a positive number of new tokens, got {args.tokens}")
+        raise UsageError(f"--tokens must be a positive number of new tokens, got {args.tokens}")
     strategies = host.strategies().names() if args.strategies in ("all", "") else _csv(args.strategies)
     config = BenchConfig(
         models=_csv(args.model), strategies=tuple(strategies),
@@ -101,34 +94,91 @@ def cmd_run(args) -> int:
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
         decode=decode_setting(args))
     config.validate(host)
+    return config
+
+
+def _run_folder(args, argv: list[str]) -> Path:
+    """The run folder; with ``--resume`` the saved options of ``run.json`` are restored into ``args`` (an
+    explicit option that differs is refused)."""
+    from specterbench.bench import rundir
+
     if args.resume:
         run_dir = Path(args.resume)
         if not run_dir.is_dir():
-            raise UsageError(f"--resume {run_dir}: no such run folder")
-    else:
-        run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + config.models[0]
-        run_dir = Path(args.out) / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
-    progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
-    runner = Runner(host, config, run_dir, resume=bool(args.resume), progress=progress)
-    host.pm.hook.specterbench_run_start(run_dir=run_dir, config=config)
-    interrupted = False
+            raise UsageError(f"--resume {run_dir}: no such run folder; give the folder a run was written to "
+                             f"(results/<run-id>)")
+        options = vars(args)
+        explicit = rundir.explicit_dests(argv, [d for d in options if d not in rundir.NOT_SAVED])
+        for key, value in rundir.resume_options(run_dir, options, explicit).items():
+            setattr(args, key, value)
+        return run_dir
+    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + _csv(args.model)[0]
+    if "/" in run_id or run_id in ("", ".", ".."):
+        raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")
+    return Path(args.out) / run_id
+
+
+def _writable(run_dir: Path) -> None:
     try:
-        runner.run()
-    except KeyboardInterrupt:
-        interrupted = True
-    finally:
-        host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=runner.rows)
-    rows_path = run_dir / "rows.jsonl"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok\n", encoding="utf-8")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"cannot write the run folder {run_dir} ({err.strerror or err}); choose a writable "
+                         f"--out (and check free disk space)") from None
+
+
+def cmd_run(args) -> int:
+    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.bench import rundir
+    from specterbench.bench.runner import Runner
+
+    host = get_host()
+    run_dir = _run_folder(args, getattr(args, "argv", []))
+    if args.model_path:
+        import os
+
+        from specterbench.engine.models import MODEL_PATH_ENV
+
+        os.environ[MODEL_PATH_ENV] = args.model_path
+    config = run_config(args, host)
+    _writable(run_dir)
+    with rundir.RunLock(run_dir):
+        if args.resume:
+            rundir.repair_rows(run_dir)
+        else:
+            rundir.check_new(run_dir)
+        try:
+            rundir.write_run_json(run_dir, vars(args))
+        except OSError as err:
+            raise UsageError(f"cannot write {run_dir / rundir.RUN_JSON} ({err.strerror or err}); free disk "
+                             f"space or choose another --out") from None
+        progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
+        runner = Runner(host, config, run_dir, resume=bool(args.resume), progress=progress)
+        host.pm.hook.specterbench_run_start(run_dir=run_dir, config=config)
+        interrupted, write_error = False, None
+        try:
+            runner.run()
+        except KeyboardInterrupt:
+            interrupted = True
+        except OSError as err:  # disk full or the folder went away: the finished rows are on disk
+            write_error = err
+        finally:
+            host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=runner.rows)
+    if write_error is not None:
+        raise UsageError(f"writing {write_error.filename or run_dir} failed ({write_error.strerror or write_error}); "
+                         f"{len(runner.rows)} finished rows are kept; free space, then continue with "
+                         f"--resume {run_dir}")
+    rows_path = run_dir / rundir.ROWS
     if rows_path.exists():
         from specterbench.analysis.plots import write_plots
+        from specterbench.bench.reference import workload_lines
         from specterbench.bench.results import read_rows
 
         rows = read_rows(rows_path)
         summary = write_summary(run_dir, rows)
         print(render_markdown(rows), end="")
-        from specterbench.bench.reference import workload_lines
-
         for line in workload_lines(run_dir):
             print(line)
         print(f"rows: {rows_path}\nsummary: {summary}")
@@ -146,23 +196,38 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _run_folder_arg(path: str) -> Path:
+    """A run folder given to report/gate/compare; a rows.jsonl path is refused with the folder to give."""
+    p = Path(path)
+    if p.is_file():
+        raise UsageError(f"{p} is a file; give the run folder that holds it: {p.parent}")
+    if not p.is_dir():
+        raise UsageError(f"no run folder {p}; give a folder written by `specterbench run` (results/<run-id>)")
+    return p
+
+
 def cmd_report(args) -> int:
     from specterbench.analysis.report import render_markdown, write_summary
     from specterbench.bench.results import read_rows
 
     from specterbench.analysis.plots import write_plots
 
-    rows = read_rows(Path(args.run_dir), on_error=args.on_error)
-    path = write_summary(Path(args.run_dir), rows)
+    run_dir = _run_folder_arg(args.run_dir)
+    rows = read_rows(run_dir, on_error=args.on_error)
+    path = write_summary(run_dir, rows)
     print(render_markdown(rows), end="")
     print(f"summary: {path}")
-    for plot in write_plots(Path(args.run_dir), rows):
+    for plot in write_plots(run_dir, rows):
         print(f"plot: {plot}")
     return 0
 
 
 def cmd_overhead(args) -> int:
     from specterbench.bench.overhead import measure_overhead
+
+    for flag, value in (("--tokens", args.tokens), ("--prompts", args.prompts), ("--threads", args.threads)):
+        if value <= 0:
+            raise UsageError(f"{flag} must be positive, got {value}")
 
     r = measure_overhead(get_host(), args.model, prompts=args.prompts, tokens=args.tokens, threads=args.threads)
     print(f"model {r.model}: {r.prompts} prompts x {r.tokens} tokens, greedy, host wall time, {args.threads} thread(s)")
@@ -178,8 +243,8 @@ def cmd_compare(args) -> int:
     from specterbench.analysis.compare import compare_runs, render_comparison
     from specterbench.bench.results import read_rows
 
-    base = read_rows(Path(args.base), on_error=args.on_error)
-    new = read_rows(Path(args.new), on_error=args.on_error)
+    base = read_rows(_run_folder_arg(args.base), on_error=args.on_error)
+    new = read_rows(_run_folder_arg(args.new), on_error=args.on_error)
     df = compare_runs(base, new, alpha=args.alpha, metrics=_csv(args.metrics) or None)
     print(render_comparison(df, only_changed=args.only_changed), end="")
     return 0
@@ -192,7 +257,7 @@ def cmd_gate(args) -> int:
     rules = [parse_rule(t) for t in args.rule or []]
     if args.rules or not rules:
         rules = list(load_rules(args.rules or DEFAULT_RULES)) + rules
-    rows = read_rows(Path(args.run_dir), on_error=args.on_error)
+    rows = read_rows(_run_folder_arg(args.run_dir), on_error=args.on_error)
     needs_reference = any(r.needs_reference for r in rules)
     reference = load_reference(args.reference, on_error=args.on_error) if needs_reference else []
     result = run_gate(rows, reference, rules)
@@ -216,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("run", help="run strategies side by side and write results/<run-id>/")
     s.add_argument("--model", default="tiny-qwen-moe", help="model name(s), comma-separated")
     s.add_argument("--model-path", help="local checkpoint directory for a real preset (mixtral, qwen-moe, ...)")
-    s.add_argument("--strategies", default="all", help="comma-separated names, or 'all'")
+    s.add_argument("--strategies", "--strategy", dest="strategies", default="all",
+                   help="comma-separated names, or 'all'")
     s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
     s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")
     s.add_argument("--geometry", default="auto", help="price the routing at a real model's sizes: mixtral, qwen-moe, "
@@ -234,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", metavar="STRATEGY.OPTION=VALUE", help="strategy option")
     s.add_argument("--out", default="results")
     s.add_argument("--run-id")
-    s.add_argument("--resume", metavar="RUN_DIR", help="continue a run, skipping finished cells")
+    s.add_argument("--resume", metavar="RUN_DIR", help="continue a run with its saved options (run.json), skipping "
+                   "finished cells; an option that differs from the saved one is refused")
     s.add_argument("--no-warmup", action="store_true")
     add_decode_arguments(s)
     s.add_argument("--quiet", action="store_true")
@@ -276,12 +343,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--failures-only", action="store_true")
     s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
     s.set_defaults(func=cmd_gate)
+    for command in sub.choices.values():  # --debug after the subcommand too; SUPPRESS keeps one given before it
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return p
 
 
+def _join_dash_values(argv: list[str]) -> list[str]:
+    """``--budgets -5%`` → ``--budgets=-5%``: argparse reads a value that starts with '-' as an option and
+    answers "expected one argument"; joined, the value reaches its own check, which names the problem."""
+    out, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else ""
+        if token.startswith("--") and "=" not in token and nxt[:1] == "-" and nxt[1:2].isdigit():
+            out.append(f"{token}={nxt}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
 def main(argv=None) -> int:
+    from specterbench.bench.progress import quiet_library_bars
+
     parser = build_parser()
+    argv = _join_dash_values(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
+    args.argv = argv
+    quiet_library_bars()
     try:
         return args.func(args)
     except SpecterbenchError as err:

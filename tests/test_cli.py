@@ -23,7 +23,7 @@ def one_error_line(err: str) -> str:
     (["--budgets", "lots"], "malformed budget 'lots'"),
     (["--budgets", "1%"], "below what one forward needs"),
     (["--budgets", "120%"], "above all expert bytes"),
-    (["--tokens", "0"], "TOKENS must be a positive"),
+    (["--tokens", "0"], "--tokens must be a positive"),
     (["--set", "lru"], "malformed --set"),
 ])
 def test_bad_input_is_one_line_and_a_nonzero_exit(host, small_prompts, capsys, tmp_path, args, message):

@@ -1,8 +1,9 @@
 """Progress bars for long runs (per cell, per prompt): tqdm on a terminal, silent in CI and in logs.
 
-Quiet when the environment variable ``CI`` is set to anything but ``""``, ``0``, ``false`` or ``no``
-(GitHub Actions, GitLab and most CI systems set ``CI=true``), or when stderr is not a terminal (redirected
-to a file or a pipe), or when the caller passes ``quiet=True`` (e.g. ``--quiet``).
+Quiet when the environment variable ``CI`` is set to anything but ``""``, ``0``, ``false`` or ``no`` (GitHub
+Actions, GitLab and most CI systems set ``CI=true``), or when stderr is not a terminal (redirected to a file or a
+pipe), or when the caller passes ``quiet=True`` (e.g. ``--quiet``). :func:`quiet_library_bars` silences the
+libraries' own bars (transformers' "Loading weights") in the same cases; the CLI calls it first.
 """
 
 from __future__ import annotations
@@ -39,3 +40,15 @@ def progress(iterable_or_total: Iterable | int, desc: str = "", *, unit: str = "
     if isinstance(iterable_or_total, int):
         return tqdm(total=iterable_or_total, **common)
     return tqdm(iterable_or_total, **common)
+
+
+def quiet_library_bars(stream=None) -> None:
+    """When :func:`is_quiet`, stop the libraries' own bars too (transformers' "Loading weights", lm-eval's): they go
+    through huggingface_hub's tqdm, which reads ``HF_HUB_DISABLE_PROGRESS_BARS`` when first imported."""
+    if not is_quiet(stream):
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "huggingface_hub" in sys.modules:  # imported already (a second command in one process): switch them off
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()

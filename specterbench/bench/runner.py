@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import statistics
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -28,42 +26,9 @@ from specterbench.bench.results import ResultRow, RowWriter, read_rows
 from specterbench.plugins.strategy import Calibration, Request, Strategy
 from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
-
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-@dataclass(frozen=True, slots=True)
-class Budget:
-    """A device byte budget for expert weights: a fraction of all expert bytes, or absolute bytes."""
-
-    text: str
-    fraction: float | None = None
-    nbytes: int | None = None
-
-    def resolve(self, total_expert_bytes: int) -> int:
-        return self.nbytes if self.nbytes is not None else int(self.fraction * total_expert_bytes)
-
-    def key(self) -> str:
-        return f"{self.fraction:.4f}" if self.fraction is not None else f"{self.nbytes}B"
-
-
-def parse_budget(text: str) -> Budget:
-    """``35%``, ``0.35`` (fractions of all expert bytes) or ``120MB``, ``1.5GiB``, ``123456`` (bytes)."""
-    s = text.strip().lower().replace(" ", "")
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)%", s)
-    if m:
-        return Budget(text, fraction=float(m.group(1)) / 100)
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]i?b|b)?", s)
-    if not m:
-        raise UsageError(f"malformed budget {text!r}; write a percentage (35%), a fraction (0.35) or bytes "
-                         f"(120MB, 1.5GiB, 123456)")
-    value, unit = float(m.group(1)), m.group(2)
-    if unit is None and "." in m.group(1):
-        if not 0 < value <= 1:
-            raise UsageError(f"budget fraction {text!r} must be in (0, 1]; for bytes write an integer or a unit")
-        return Budget(text, fraction=value)
-    return Budget(text, nbytes=int(value * _UNITS[unit or "b"]))
-
+from specterbench.bench.budget import Budget, parse_budget  # noqa: F401 - parse_budget is imported from here
+from specterbench.bench.checks import check_context, check_device, check_strategy_options, check_workload_size
+from specterbench.bench.failures import describe_failure, where
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
@@ -109,6 +74,9 @@ class BenchConfig:
             host.models().entry(name)
         for name in self.strategies:
             host.strategies().entry(name)
+        check_strategy_options(host, self.strategy_options, self.strategies)
+        check_device(self.device)
+        check_workload_size(self.workload, self.prompts)
         host.profiles().entry(self.profile)
         host.host_profiles().entry(self.host_profile)
         if self.geometry not in (None, "own", "auto"):
@@ -159,6 +127,25 @@ class ReferenceStrategy(Strategy):
         for layer in range(engine.num_layers):
             for e in range(engine.num_experts):
                 engine.prefetch((layer, e))
+
+
+class StreamingReference(ReferenceStrategy):
+    """The reference on a device that must not hold every expert: the smallest cache, experts fetched on demand
+    (the engine is lossless, so the tokens and routing are the resident run's)."""
+
+    def min_cache_bytes(self, engine):
+        return engine.min_budget_bytes()
+
+    def prepare(self, engine, calibration=None):
+        pass
+
+
+def reference_strategy(engine: Engine) -> tuple[Strategy, int]:
+    """The reference pass's strategy and budget: everything resident on the host; streaming at the smallest
+    workable budget on a GPU, so the device never holds more expert bytes than a cell's budget."""
+    if engine.device.type == "cuda":
+        return StreamingReference(), engine.min_budget_bytes()
+    return ReferenceStrategy(), engine.total_expert_bytes
 
 
 def make_clock(config: BenchConfig, host: PluginHost, engine: Engine):
@@ -256,6 +243,7 @@ class Runner:
             if not todo:
                 continue
             prompts = encode_prompts(engine, load_prompts(cfg.workload, cfg.prompts), cfg.max_prompt_tokens)
+            check_context(engine, prompts, cfg.tokens)
             reference = self.record_reference(engine, prompts)
             write_reference(self.run_dir, model=model_name, workload=cfg.workload, decode=cfg.decode,
                             prompts=prompts, reference=reference, tokenizer=engine.tokenizer, top_k=engine.top_k)
@@ -293,30 +281,31 @@ class Runner:
 
     # ---- reference and calibration -----------------------------------------------------------------
     def _resident_pass(self, engine: Engine, prompts, tokens: int):
-        strategy = ReferenceStrategy()
-        engine.configure(strategy, engine.total_expert_bytes, HostWallClock())
+        strategy, nbytes = reference_strategy(engine)
+        engine.configure(strategy, nbytes, HostWallClock())
         strategy.prepare(engine)
         out, traces = {}, {}
         for pid, ids in prompts:
             request = Request(pid, ids, tokens, decode=self.config.decode)
             engine.begin_request(request)
             rec = engine.start_recording()
-            out[pid] = tuple(engine.decode(request))
+            sampler = request.sampler(record_margins=True)
+            out[pid] = tuple(engine.decode(request, sampler))
             engine.stop_recording()
             traces[pid] = tuple(rec.trace)
-            yield pid, out[pid], traces[pid], rec.counts
+            yield pid, out[pid], traces[pid], rec.counts, sampler.margins
 
     def record_reference(self, engine: Engine, prompts) -> Reference:
         ref = Reference({}, {})
-        for pid, toks, trace, _ in self._resident_pass(engine, prompts, self.config.tokens):
-            ref.tokens[pid], ref.traces[pid] = toks, trace
+        for pid, toks, trace, _, margins in self._resident_pass(engine, prompts, self.config.tokens):
+            ref.tokens[pid], ref.traces[pid], ref.margins[pid] = toks, trace, margins
         return ref
 
     def calibrate(self, engine: Engine) -> Calibration:
         """Routed-token counts per (layer, expert) over the calibration workload: prefill plus 16 new tokens."""
         cfg = self.config
         prompts = encode_prompts(engine, load_prompts(cfg.calibration, 10**6), cfg.max_prompt_tokens)
-        sequences = tuple(c.clone() for _, _, _, c in self._resident_pass(engine, prompts, 16))
+        sequences = tuple(c.clone() for _, _, _, c, _ in self._resident_pass(engine, prompts, 16))
         return Calibration(torch.stack(sequences).sum(0), tuple(ids for _, ids in prompts), sequences)
 
     # ---- one cell ----------------------------------------------------------------------------------
@@ -338,6 +327,7 @@ class Runner:
         started = time.perf_counter()
         hooks = self.host.pm.hook
         measuring = False
+        strategy = None
         try:
             options = cfg.strategy_options.get(sname, {})
             if options:
@@ -372,9 +362,12 @@ class Runner:
             raise
         except Exception as err:  # one strategy's failure is its row's, never the run's
             row.status = "error"
-            row.error = f"{type(err).__name__}: {err}"
+            info = describe_failure(err, strategy, engine)
+            message = (str(err).strip().splitlines() or [""])[0]
+            row.error = f"{type(err).__name__}: {message}" + ("" if isinstance(err, SpecterbenchError) else where(info))
             if not isinstance(err, SpecterbenchError):
-                row.extra["traceback"] = traceback.format_exc(limit=8)
+                row.extra["failure"] = {k: v for k, v in info.items() if k != "traceback"}
+                row.extra["traceback"] = info["traceback"]
         finally:
             if measuring:
                 row.peak_host_rss_bytes = peak_rss_bytes()

@@ -1,0 +1,90 @@
+"""Checks of a run's inputs that need no model: each failure is one :class:`UsageError` line naming the problem and
+the fix, raised before anything loads (device, workload size, strategy options), plus the context check that
+needs the tokenizer (prompt + new tokens within the model's context), made before the reference pass."""
+
+from __future__ import annotations
+
+from specterbench.errors import UsageError
+from specterbench.plugins.host import closest
+
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def check_device(text: str) -> None:
+    """A device this machine has: ``cpu``, or ``cuda``/``cuda:N`` with CUDA available and ``N`` < device count."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"unknown device {text!r}; use one of {', '.join(DEVICE_TYPES)} (or cuda:N)") from None
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise UsageError(f"device {text!r} is not supported; use one of {', '.join(DEVICE_TYPES)} (or cuda:N)")
+    if not torch.cuda.is_available():
+        raise UsageError(f"--device {text}: this machine has no CUDA device (torch {torch.__version__}, CUDA "
+                         f"{torch.version.cuda or 'not built'}); use --device cpu (the modeled clock prices a GPU)")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UsageError(f"--device {text}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1}); "
+                         f"pick one of them")
+
+
+def check_workload_size(workload: str, prompts: int) -> None:
+    """``prompts`` no more than the workload holds (never silently clipped: the cell key says how many ran)."""
+    from specterbench.bench.workloads import load_workload
+
+    size = len(load_workload(workload))
+    if prompts > size:
+        raise UsageError(f"--prompts {prompts} is more than workload {workload!r} holds ({size} prompts); "
+                         f"use --prompts {size} or less")
+
+
+def check_strategy_options(host, options: dict, strategies) -> None:
+    """Every ``--set NAME.OPTION=VALUE`` names a strategy of this run and one of its options, and the strategy
+    accepts the value: the class's ``option_names()`` list the options, and constructing it with them (what the
+    runner does per cell) must not raise — a strategy validates its options' types and ranges in its constructor
+    (or in a ``validate_options`` its constructor calls), raising ``UsageError`` or ``ValueError`` in one line."""
+    registry = host.strategies()
+    for name, opts in options.items():
+        cls = registry.get(name)  # unknown strategy: did you mean …
+        if name not in strategies:
+            raise UsageError(f"--set {name}.{next(iter(opts))}: strategy {name!r} is not in this run "
+                             f"({', '.join(strategies)}); add it to --strategies or drop the --set")
+        known = tuple(cls.option_names())
+        for option in opts:
+            if option not in known:
+                near = closest(option, known)
+                hint = f"did you mean {' or '.join(repr(n) for n in near)}? " if near else ""
+                raise UsageError(f"--set {name}.{option}: strategy {name!r} has no option {option!r}; {hint}"
+                                 f"it accepts: {', '.join(known) or 'none'}")
+        try:
+            cls(**opts)
+        except UsageError as err:
+            raise UsageError(f"--set {_pairs(name, opts)}: {err}") from None
+        except (TypeError, ValueError) as err:
+            raise UsageError(f"--set {_pairs(name, opts)}: {type(err).__name__}: {err}; see the strategy's "
+                             f"options in `specterbench list`") from None
+
+
+def _pairs(name: str, opts: dict) -> str:
+    return " ".join(f"{name}.{k}={v}" for k, v in opts.items())
+
+
+def context_tokens(engine) -> int | None:
+    """The most positions the model attends to (``max_position_embeddings``), or None when its config says not."""
+    value = getattr(engine.model.config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def check_context(engine, prompts, new_tokens: int) -> None:
+    """Refuse prompt + new tokens beyond the model's context (it would run for minutes past it, then fail)."""
+    limit = context_tokens(engine)
+    if limit is None or not prompts:
+        return
+    longest = max(len(ids) for _, ids in prompts)
+    if longest + new_tokens > limit:
+        raise UsageError(f"--tokens {new_tokens}: the longest prompt ({longest} tokens) plus {new_tokens} new "
+                         f"tokens exceeds {engine.name}'s context of {limit} positions; use --tokens "
+                         f"{max(limit - longest, 0)} or less")
