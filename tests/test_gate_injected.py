@@ -1,12 +1,18 @@
-"""Synthetic result rows for the gate's tests: per-window modeled times summarised the way the runner does."""
+"""The injected regressions of issue 18, on synthetic result rows: per-window modeled times summarised the way
+the runner does, for a grid shaped like the gate's (two stand-ins, two budgets, the default decode)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
+from types import SimpleNamespace
 
+import pytest
+
+from specterbench.analysis.gate import cmd_gate, load_rules, render, run_gate
 from specterbench.bench.results import ResultRow
-from specterbench.bench.runner import _p90
+from specterbench.bench.runner import Runner, _p90
 
 MODELS = (("tiny-mixtral", "mixtral"), ("tiny-qwen-moe", "qwen-moe"))
 BUDGETS = (0.35, 0.5)
@@ -71,15 +77,7 @@ def pick(rows: list[ResultRow], strategy: str, model: str = "tiny-qwen-moe", bud
     return next(i for i, r in enumerate(rows) if (r.strategy, r.model, r.budget_fraction) == (strategy, model, budget))
 
 
-# ---- the injected regressions of issue 18 -------------------------------------------------------------------
-
-import json  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import pytest  # noqa: E402
-
-from specterbench.analysis.gate import cmd_gate, load_rules, render, run_gate  # noqa: E402
-from specterbench.bench.runner import Runner  # noqa: E402
+# ---- the injected regressions -------------------------------------------------------------------------------
 
 RULES = load_rules("results/reference/gate.toml")
 
