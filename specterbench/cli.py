@@ -245,7 +245,10 @@ def cmd_compare(args) -> int:
 
     base = read_rows(_run_folder_arg(args.base), on_error=args.on_error)
     new = read_rows(_run_folder_arg(args.new), on_error=args.on_error)
-    df = compare_runs(base, new, alpha=args.alpha, metrics=_csv(args.metrics) or None)
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"--alpha {args.alpha} must be in (0, 1), e.g. 0.05")
+    df = compare_runs(base, new, alpha=args.alpha, metrics=_csv(args.metrics) or None,
+                      test_wall_time=args.test_wall_time)
     print(render_comparison(df, only_changed=args.only_changed), end="")
     return 0
 
@@ -331,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics", default="", help="comma-separated metrics (default: all with a direction)")
     s.add_argument("--only-changed", action="store_true")
     s.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    s.add_argument("--test-wall-time", action="store_true", help="test host wall time for significance too "
+                   "(off by default: on a shared machine it is mostly noise)")
     s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
     s.set_defaults(func=cmd_compare)
 

@@ -88,7 +88,7 @@ def test_failed_rows_are_left_out_of_the_medians_and_shown():
 def test_render_has_direction_verdict_and_a_tally():
     df = compare_runs([row(tpot_ms=2.0, hit_rate=0.6)], [row(tpot_ms=1.5, hit_rate=0.4)])
     text = render_comparison(df)
-    assert text.startswith("1 better, 1 worse")
+    assert text.startswith("1 better (0 significant), 1 worse (0 significant)")
     line = next(x for x in text.splitlines() if "| tpot_ms" in x)
     assert "lower" in line and "better" in line and "-25.00" in line
     assert "hit_rate" not in render_comparison(df[df["metric"] == "tpot_ms"])
@@ -103,3 +103,33 @@ def test_only_changed_hides_unchanged_metrics():
 def test_changed_strategy_versions_are_noted():
     df = compare_runs([row()], [dataclasses.replace(row(), strategy_version="2")])
     assert "strategy lru: version 1 → 2" in df.attrs["notes"]
+
+
+def noisy(values, **kw):
+    return row(host_ms_per_token=sorted(values)[len(values) // 2], samples={"host_ms": list(values)}, **kw)
+
+
+def test_host_wall_time_is_not_called_significant_by_default():
+    base, new = noisy([1.0 + i / 100 for i in range(200)]), noisy([2.0 + i / 100 for i in range(200)])
+    m = by_metric(compare_runs([base], [new]))["host_ms_per_token"]
+    assert m.verdict == "worse" and m.significant is None and "not tested" in m.test
+    tested = by_metric(compare_runs([base], [new], test_wall_time=True))["host_ms_per_token"]
+    assert tested.significant == True  # noqa: E712
+
+
+def test_every_time_metric_of_a_host_clock_row_is_wall_time():
+    base = row(clock="host", profile="-", tpot_ms=None, ttft_ms=1.0, samples={"ttft_ms": [1.0, 1.1, 1.2]})
+    new = row(clock="host", profile="-", tpot_ms=None, ttft_ms=3.0, samples={"ttft_ms": [3.0, 3.1, 3.2]})
+    df = compare_runs([base], [new])
+    assert "not tested" in by_metric(df)["ttft_ms"].test
+    text = render_comparison(df, only_changed=True)
+    assert "ttft_ms" not in text and "host wall-time pairs not tested" in text
+
+
+def test_the_tally_counts_significant_changes_in_both_directions():
+    base = row(samples={"tpot_ms": [1.0 + i / 100 for i in range(50)], "ttft_ms": [5.0 + i / 100 for i in range(50)]},
+               ttft_ms=5.25)
+    new = row(samples={"tpot_ms": [2.0 + i / 100 for i in range(50)], "ttft_ms": [1.0 + i / 100 for i in range(50)]},
+              ttft_ms=1.25, tpot_ms=2.0)
+    text = render_comparison(compare_runs([base], [new]))
+    assert text.startswith("1 better (1 significant), 1 worse (1 significant)")

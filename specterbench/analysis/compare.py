@@ -9,6 +9,12 @@ Significance is a two-sided Mann-Whitney U test (``scipy.stats.mannwhitneyu``, a
 samples of the run (``row.samples``: ``tpot_ms``, ``host_ms``, ``ttft_ms``) for the metrics they summarise,
 and over the per-repeat values for every other metric. Fewer than two values on a side: no test (``n/a``).
 
+Host wall time on a CPU (``host_ms_per_token``, and every time metric of a ``host``-clock row) is machine noise on
+a shared machine: two runs of unchanged code differ by tens of percent with p ≈ 1e-21 over thousands of
+per-token samples. It is therefore **not tested** by default: its verdict is shown, its significance says
+"not tested (host wall time)", and ``only_changed`` and the tally leave it out. ``test_wall_time=True``
+(``--test-wall-time``) tests it like any other metric. The tally counts significant changes in both directions.
+
 Runs with a different schema version, model, geometry or profile are refused with the reason
 (:func:`check_compatible`); pandas appears only here, at the edge.
 """
@@ -28,6 +34,9 @@ CELL_FIELDS = ("model", "geometry", "strategy", "budget_fraction", "profile", "c
 # metrics that are a median of raw per-token samples, and the samples' key in ``row.samples``
 SAMPLE_KEYS = {"tpot_ms": "tpot_ms", "host_ms_per_token": "host_ms", "ttft_ms": "ttft_ms"}
 # what must be equal for two sets of rows to be comparable, and how to name it
+# metrics that are host wall time whatever the clock, and those that are on the host clock (no GPU)
+WALL_TIME = frozenset({"host_ms_per_token"})
+HOST_CLOCK_TIME = frozenset({"tpot_ms", "tpot_p90_ms", "ttft_ms", "tokens_per_s", "stall_ms_per_token"})
 COMPATIBLE = (("schema_version", "schema version"), ("model", "model"), ("geometry", "geometry"),
               ("profile", "profile"), ("decode_label", "decode setting"))
 
@@ -111,19 +120,25 @@ def _no_test_reason(a, b) -> str:
     return ""
 
 
+def is_wall_time(metric: str, clock: str) -> bool:
+    """True for a metric that is this machine's wall time (machine noise on a shared host), never a GPU's."""
+    return metric in WALL_TIME or (clock == "host" and metric in HOST_CLOCK_TIME)
+
+
 def _status(rows: list[ResultRow]) -> str:
     bad = [r for r in rows if r.status != "ok"]
     return "ok" if not bad else "; ".join(f"{r.status}: {r.error}" for r in bad)
 
 
 def compare_runs(base_rows: list[ResultRow], new_rows: list[ResultRow], *, alpha: float = ALPHA,
-                 metrics: tuple[str, ...] | None = None):
+                 metrics: tuple[str, ...] | None = None, test_wall_time: bool = False):
     """One DataFrame row per (cell, metric) present in both runs.
 
     Columns: the cell fields, ``metric``, ``direction`` ("lower"/"higher" is better), ``base`` and ``new``
     (medians over the cell's status-ok repeats), ``delta_pct``, ``verdict`` (better/worse/same/n/a),
     ``p_value``, ``significant`` (True/False, None without a test), ``test`` (what was tested, with the counts),
-    ``base_status`` and ``new_status``. ``df.attrs["notes"]`` lists cells found in one run only and changed
+    ``base_status`` and ``new_status``, ``wall_time`` (True for host wall time, untested unless
+    ``test_wall_time``). ``df.attrs["notes"]`` lists cells found in one run only and changed
     strategy or package versions.
     """
     import pandas as pd
@@ -147,13 +162,19 @@ def compare_runs(base_rows: list[ResultRow], new_rows: list[ResultRow], *, alpha
             if b is None and n is None:
                 continue
             (sa, what), (sb, _) = _test_samples(b_rows, metric), _test_samples(n_rows, metric)
-            p = significance(sa, sb) if b is not None and n is not None else None
+            wall = is_wall_time(metric, key[CELL_FIELDS.index("clock")])
+            untested = wall and not test_wall_time
+            p = significance(sa, sb) if b is not None and n is not None and not untested else None
+            if untested:
+                test = "not tested (host wall time: machine noise; --test-wall-time tests it)"
+            elif p is not None:
+                test = f"Mann-Whitney U, {len(sa)} vs {len(sb)} {what}"
+            else:
+                test = f"none ({len(sa)} vs {len(sb)} {what}{_no_test_reason(sa, sb)})"
             records.append({
                 **dict(zip(CELL_FIELDS, key)), "metric": metric, "direction": direction, "base": b, "new": n,
                 "delta_pct": delta_pct(b, n), "verdict": verdict(b, n, direction), "p_value": p,
-                "significant": None if p is None else p < alpha,
-                "test": (f"Mann-Whitney U, {len(sa)} vs {len(sb)} {what}" if p is not None
-                         else f"none ({len(sa)} vs {len(sb)} {what}{_no_test_reason(sa, sb)})"),
+                "significant": None if p is None else p < alpha, "test": test, "wall_time": untested,
                 "base_status": _status(b_rows), "new_status": _status(n_rows),
             })
     df = pd.DataFrame.from_records(records)
@@ -204,19 +225,38 @@ def _fmt(x) -> str:
     return f"{x:.4g}" if isinstance(x, float) else str(x)
 
 
+def _wall(df):
+    """Rows of ``df`` that are untested host wall time (a frame from before the column: none)."""
+    return df["wall_time"].eq(True) if "wall_time" in df.columns else df["metric"].isna()
+
+
+def tally_line(df) -> str:
+    """``2 better (1 significant), 3 worse (0 significant), 5 same, over 10 cell-metric pairs at p < 0.05``,
+    host wall-time pairs counted apart (not tested)."""
+    alpha = df.attrs.get("alpha", ALPHA)
+    wall = _wall(df)
+    tested = df[~wall]
+    sig = tested["significant"].eq(True)
+    counts = {v: int((tested["verdict"] == v).sum()) for v in ("better", "worse", "same")}
+    text = (f"{counts['better']} better ({int((sig & (tested['verdict'] == 'better')).sum())} significant), "
+            f"{counts['worse']} worse ({int((sig & (tested['verdict'] == 'worse')).sum())} significant), "
+            f"{counts['same']} same, over {len(tested)} cell-metric pairs (significant: p < {alpha})")
+    if wall.any():
+        text += f"; {int(wall.sum())} host wall-time pairs not tested (machine noise)"
+    return text + "."
+
+
 def render_comparison(df, *, only_changed: bool = False) -> str:
     """Markdown: a one-line tally, notes, then one table line per (cell, metric)."""
     if df.empty:
         return "(nothing to compare)\n"
-    view = df[df["verdict"].isin(["better", "worse"])] if only_changed else df
-    alpha = df.attrs.get("alpha", ALPHA)
-    tally = df["verdict"].value_counts()
-    sig_worse = int(((df["verdict"] == "worse") & df["significant"].eq(True)).sum())
-    lines = [f"{tally.get('better', 0)} better, {tally.get('worse', 0)} worse ({sig_worse} significant at "
-             f"p < {alpha}), {tally.get('same', 0)} same, over {len(df)} cell-metric pairs.", ""]
+    wall = _wall(df)
+    view = df[df["verdict"].isin(["better", "worse"]) & ~wall] if only_changed else df
+    lines = [tally_line(df), ""]
     lines += [f"- {note}" for note in df.attrs.get("notes", [])]
     if df.attrs.get("notes"):
         lines.append("")
+    alpha = df.attrs.get("alpha", ALPHA)
     multi = df["model"].nunique() > 1 or df["clock"].nunique() > 1
     records = []
     for r in view.itertuples(index=False):
@@ -229,7 +269,8 @@ def render_comparison(df, *, only_changed: bool = False) -> str:
             "cell": cell, "metric": r.metric, "better when": r.direction, "base": _fmt(r.base), "new": _fmt(r.new),
             "Δ %": "-" if r.delta_pct is None or r.delta_pct != r.delta_pct else f"{r.delta_pct:+.2f}",
             "verdict": r.verdict + status,
-            "significant": "n/a" if p is None else (f"yes (p={p:.3g})" if p < alpha else f"no (p={p:.3g})"),
+            "significant": ("not tested (wall time)" if getattr(r, "wall_time", False) else "n/a") if p is None
+            else (f"yes (p={p:.3g})" if p < alpha else f"no (p={p:.3g})"),
         })
     if not records:
         return "\n".join(lines + ["(no changes)"]) + "\n"
