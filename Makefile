@@ -110,7 +110,7 @@ eval:
 
 # a grid of cells on local processes (or a Ray cluster: SWEEP_ARGS="--executor ray --address auto")
 sweep:
-	$(BIN)/specterbench sweep $(GRID) $(SWEEP_ARGS)
+	$(BIN)/specterbench sweep '$(GRID)' $(SWEEP_ARGS)
 
 clean:
 	rm -rf build *.egg-info .pytest_cache
