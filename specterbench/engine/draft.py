@@ -1,12 +1,22 @@
-"""Quantized copies of the routed experts with bitsandbytes: the self-draft's experts (and lossy fallbacks).
+"""Quantized copies of the routed experts: the self-draft's experts (and lossy fallbacks).
 
 ``BitsAndBytesConfig`` only quantizes ``nn.Linear``; fused expert tensors are quantized here per expert slice
-(``gate_up`` [2I, H] and ``down`` [H, I]) with ``bitsandbytes.functional``. Bytes are the real packed bytes
-plus the per-block scales, and are charged to the strategy that keeps the copies on the device.
+(``gate_up`` [2I, H] and ``down`` [H, I]). Three quantizers:
+
+- ``bnb``: bitsandbytes blockwise nf4/fp4 (4-bit) or int8 (8-bit), fp32 absmax per block;
+- ``int``: the project's own asymmetric round-to-nearest per group along the input dimension, 2/3/4/8 bits, an
+  fp16 scale and a ``bits``-bit zero point per group — at 4 bits and group 128 this is GPTQ INT4 g128's layout
+  (4 + 20/128 ≈ 4.16 bits per weight), the artifact's draft;
+- ``hqq``: Half-Quadratic Quantization (the ``hqq`` package, optional), 2/3/4/8 bits, fp16 scale and zero per group.
+
+Bytes are the packed bytes plus the per-group metadata, known before quantizing (a budget can be checked
+first), and are charged to the strategy that keeps the copies on the device. The modeled clock prices the
+draft's routed experts of one layer as one fused low-bit MoE kernel (as the artifact runs them).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -14,51 +24,71 @@ import torch.nn.functional as F
 
 from specterbench.errors import UsageError
 
-SUPPORTED_BITS = (4, 8)
+QUANTIZERS = ("bnb", "int", "hqq")
+SUPPORTED_BITS = {"bnb": (4, 8), "int": (2, 3, 4, 8), "hqq": (2, 3, 4, 8)}
 SUPPORTED_4BIT_TYPES = ("nf4", "fp4")
+BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 @dataclass(frozen=True, slots=True)
 class QuantSpec:
     bits: int = 4
-    quant_type: str = "nf4"  # 4-bit only: nf4 | fp4
-    blocksize: int = 64
+    quant_type: str = "nf4"  # bnb 4-bit only: nf4 | fp4
+    blocksize: int = 64  # bnb block / int and hqq group size
+    quantizer: str = "bnb"
 
     def __post_init__(self):
-        if self.bits not in SUPPORTED_BITS:
-            raise UsageError(f"unsupported draft bit width {self.bits}; supported: "
-                             f"{', '.join(map(str, SUPPORTED_BITS))}")
-        if self.bits == 4 and self.quant_type not in SUPPORTED_4BIT_TYPES:
+        if self.quantizer not in QUANTIZERS:
+            raise UsageError(f"unknown quantizer {self.quantizer!r}; supported: {', '.join(QUANTIZERS)}")
+        bits = SUPPORTED_BITS[self.quantizer]
+        if self.bits not in bits:
+            raise UsageError(f"unsupported draft bit width {self.bits} for quantizer {self.quantizer!r}; "
+                             f"supported: {', '.join(map(str, bits))}")
+        if self.quantizer == "bnb" and self.bits == 4 and self.quant_type not in SUPPORTED_4BIT_TYPES:
             raise UsageError(f"unsupported 4-bit type {self.quant_type!r}; supported: "
                              f"{', '.join(SUPPORTED_4BIT_TYPES)}")
-        if self.blocksize not in (64, 128, 256, 512, 1024, 2048, 4096):
-            raise UsageError(f"unsupported blocksize {self.blocksize}; use a power of two from 64 to 4096")
+        if self.blocksize not in BLOCKSIZES or (self.quantizer == "bnb" and self.blocksize < 64):
+            raise UsageError(f"unsupported blocksize {self.blocksize}; use a power of two from "
+                             f"{32 if self.quantizer != 'bnb' else 64} to 4096")
 
-    OPTIONS = ("bits", "quant_type", "blocksize")  # the strategy options that choose a quantization
+    OPTIONS = ("bits", "quant_type", "blocksize", "quantizer")  # the strategy options that choose a quantization
 
     @classmethod
-    def from_options(cls, options: dict) -> "QuantSpec":
-        """The spec named by a strategy's options (``--set specter.bits=4``), defaults elsewhere."""
+    def from_options(cls, options: dict, **defaults) -> "QuantSpec":
+        """The spec named by a strategy's options (``--set specter.bits=4``); ``defaults`` (or the class
+        defaults) elsewhere."""
+        base = {**{f.name: f.default for f in dataclasses.fields(cls)}, **defaults}
         try:
-            bits, blocksize = int(options.get("bits", 4)), int(options.get("blocksize", 64))
+            bits = int(options.get("bits", base["bits"]))
+            blocksize = int(options.get("blocksize", base["blocksize"]))
         except (TypeError, ValueError):
             raise UsageError(f"bits and blocksize must be integers, got {options.get('bits')!r} and "
                              f"{options.get('blocksize')!r}") from None
-        return cls(bits=bits, quant_type=options.get("quant_type", "nf4"), blocksize=blocksize)
+        return cls(bits=bits, quant_type=str(options.get("quant_type", base["quant_type"])), blocksize=blocksize,
+                   quantizer=str(options.get("quantizer", base["quantizer"])))
 
     def label(self) -> str:
-        return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
+        if self.quantizer == "bnb":
+            return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
+        return f"{self.quantizer}{self.bits}/g{self.blocksize}"
+
+    def tensor_bytes(self, n: int) -> int:
+        """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata)."""
+        groups = -(-n // self.blocksize)
+        if self.quantizer == "bnb":
+            return (n * self.bits + 7) // 8 + groups * 4  # fp32 absmax per block
+        if self.quantizer == "int":
+            return (n * self.bits + 7) // 8 + (groups * (16 + self.bits) + 7) // 8  # fp16 scale, b-bit zero
+        packed = -(-groups // 10) * self.blocksize * 4 if self.bits == 3 else (n * self.bits + 7) // 8
+        return packed + groups * 4  # hqq: 3-bit packs ten values per int32; fp16 scale and zero per group
+
+    def bits_per_weight(self, n: int = 1 << 20) -> float:
+        return 8 * self.tensor_bytes(n) / n
 
 
 def quantized_bytes(engine, spec: QuantSpec) -> int:
-    """Device bytes of every routed expert quantized with ``spec``: packed weights plus fp32 per-block scales.
-    Known before quantizing, so a budget can be checked first; equals :attr:`QuantizedExperts.nbytes`."""
-    total = 0
-    for gate_up, down in engine.store.weights.values():
-        for w in (gate_up, down):
-            n = w.numel()
-            total += (n * spec.bits + 7) // 8 + -(-n // spec.blocksize) * 4
-    return total
+    """Device bytes of every routed expert quantized with ``spec``; equals :attr:`QuantizedExperts.nbytes`."""
+    return sum(spec.tensor_bytes(w.numel()) for pair in engine.store.weights.values() for w in pair)
 
 
 def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
@@ -69,8 +99,34 @@ def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
     return drafts[spec]
 
 
+def _int_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """Asymmetric round-to-nearest per group of ``blocksize`` along the input dim; returns the dequantized
+    weight (fp16 scale, integer zero point, as stored)."""
+    rows, cols = w.shape
+    g = spec.blocksize if cols % spec.blocksize == 0 else cols  # a row shorter than a group is one group
+    x = w.float().reshape(rows, cols // g, g)  # [R, G, g]
+    qmax = (1 << spec.bits) - 1
+    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    scale = ((hi - lo) / qmax).clamp_min(1e-8).half().float()
+    zero = (-lo / scale).round().clamp(0, qmax)
+    q = (x / scale + zero).round().clamp(0, qmax)
+    return ((q - zero) * scale).reshape(rows, cols)
+
+
+def _hqq_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    try:
+        from hqq.core.quantize import Quantizer
+    except ImportError:
+        raise UsageError("quantizer 'hqq' needs the hqq package: pip install --no-deps hqq termcolor") from None
+    g = spec.blocksize if w.numel() % spec.blocksize == 0 else w.shape[1]
+    wq, meta = Quantizer.quantize(w.float(), nbits=spec.bits, group_size=g, optimize=True, axis=1,
+                                  device=str(w.device), compute_dtype=torch.float32)
+    meta["scale"], meta["zero"] = meta["scale"].half().float(), meta["zero"].half().float()  # stored in fp16
+    return Quantizer.dequantize(wq, meta).reshape(w.shape)
+
+
 def quantize(w: torch.Tensor, spec: QuantSpec):
-    """Returns ``(packed, state, nbytes)`` for one 2-D weight."""
+    """bitsandbytes only: ``(packed, state, nbytes)`` for one 2-D weight."""
     import bitsandbytes.functional as bnbf
 
     if spec.bits == 4:
@@ -90,50 +146,72 @@ def dequantize(packed, state, spec: QuantSpec) -> torch.Tensor:
     return bnbf.dequantize_blockwise(packed, state)
 
 
+def roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """``w`` quantized with ``spec`` and dequantized back (the values the draft computes with)."""
+    if spec.quantizer == "bnb":
+        packed, state, _ = quantize(w, spec)
+        return dequantize(packed, state, spec)
+    if spec.quantizer == "int":
+        return _int_roundtrip(w, spec)
+    return _hqq_roundtrip(w, spec)
+
+
 class QuantizedExperts:
     """Every routed expert quantized and resident on the device; callable in place of the offloaded cache.
 
-    On CUDA the packed weights are dequantized per call (the draft really reads 4-bit bytes). On a CPU host the
-    dequantized values are kept once (identical numbers, faster), while the bytes charged stay the packed ones.
-    Each call records the experts it routed to, so a strategy can read the draft's routing.
+    On CUDA a bitsandbytes 4-bit draft keeps only the packed weights and computes with bitsandbytes' packed
+    4-bit kernels (``matmul_4bit``: gemv on packed nibbles for one token), never a full 16-bit copy per call.
+    Elsewhere the dequantized values are kept once (identical numbers, faster), while the bytes charged stay
+    the packed ones. Each call records the experts it routed to, so a strategy can read the draft's routing.
     """
 
     def __init__(self, engine, spec: QuantSpec):
         self.engine = engine
         self.spec = spec
-        self.on_the_fly = engine.device.type == "cuda"
+        self.packed_kernels = engine.device.type == "cuda" and spec.quantizer == "bnb" and spec.bits == 4
         self.packed: dict = {}
         self.dense: dict = {}
-        self.nbytes = 0
-        for key, (gate_up, down) in engine.store.weights.items():
-            pair = []
-            for w in (gate_up, down):
-                packed, state, n = quantize(w.to(engine.device), spec)
-                self.nbytes += n
-                pair.append((packed, state))
-            if self.on_the_fly:
-                self.packed[key] = tuple(pair)
+        self.nbytes = quantized_bytes(engine, spec)
+        for key, pair in engine.store.weights.items():
+            if self.packed_kernels:  # pragma: no cover - needs CUDA
+                self.packed[key] = tuple(quantize(w.to(engine.device), spec)[:2] for w in pair)
             else:
-                self.dense[key] = tuple(dequantize(p, s, spec).to(engine.compute_dtype) for p, s in pair)
-        self.bytes_ratio = self.nbytes / engine.total_expert_bytes  # ≈ 0.28 for nf4 with fp32 scales
+                self.dense[key] = tuple(roundtrip(w.to(engine.device).float(), spec).to(engine.compute_dtype)
+                                        for w in pair)
+        self.bytes_ratio = self.nbytes / engine.total_expert_bytes  # ≈ 0.28 nf4/b64, ≈ 0.26 int4/g128
         self.routing: list[tuple[int, list[int], list[int]]] = []  # (layer, experts, tokens per expert)
 
     def weights(self, key):
-        if self.on_the_fly:
+        """Dense weights of one quantized expert (a substitute for a missed one)."""
+        if self.packed_kernels:  # pragma: no cover - needs CUDA
             return tuple(dequantize(p, s, self.spec).to(self.engine.compute_dtype) for p, s in self.packed[key])
         return self.dense[key]
+
+    def _linear(self, x, key, i):
+        if self.packed_kernels:  # pragma: no cover - needs CUDA
+            import bitsandbytes as bnb
+
+            packed, state = self.packed[key][i]
+            return bnb.matmul_4bit(x, packed.t(), quant_state=state)  # gemv on packed nibbles for one token
+        return F.linear(x, self.dense[key][i])
 
     def __call__(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         engine = self.engine
         counts = torch.bincount(top_k_index.reshape(-1), minlength=engine.num_experts)
         experts = counts.nonzero().flatten().tolist()
-        self.routing.append((layer, experts, counts[experts].tolist()))
+        n_tokens = counts[experts].tolist()
+        self.routing.append((layer, experts, n_tokens))
         out = torch.zeros_like(hidden)
         for e in experts:
             token_idx, pos = torch.where(top_k_index == e)
-            gate_up, down = self.weights((layer, e))
-            gate, up = F.linear(hidden[token_idx], gate_up).chunk(2, dim=-1)
-            y = F.linear(act_fn(gate) * up, down) * top_k_weights[token_idx, pos, None]
+            gate, up = self._linear(hidden[token_idx], (layer, e), 0).chunk(2, dim=-1)
+            y = self._linear(act_fn(gate) * up, (layer, e), 1) * top_k_weights[token_idx, pos, None]
             out.index_add_(0, token_idx, y.to(out.dtype))
-            engine.charge_expert(len(token_idx), self.bytes_ratio)
+        self.charge_fused(n_tokens)
         return out
+
+    def charge_fused(self, n_tokens) -> None:
+        """Modeled cost of one layer's routed experts as one fused low-bit MoE kernel (the cost model's
+        ``experts_fused``: every routed expert's FLOPs and quantized bytes, one expert's launches)."""
+        clock = self.engine.clock
+        clock.compute(*clock.costs.experts_fused(n_tokens, self.bytes_ratio))
