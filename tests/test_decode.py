@@ -69,9 +69,9 @@ def test_the_run_keeps_the_reference_tokens_and_text_and_prints_a_workload_line(
     Runner(host, config(), tmp_path).run()
     entries = read_reference(tmp_path)
     assert len(entries) == 2 and all(len(e["tokens"]) == 8 and isinstance(e["text"], str) for e in entries)
-    assert entries[0]["decode_label"] == "sample T=1 seed=0"
+    assert entries[0]["decode_label"] == SAMPLED.label == "sample T=1 seed=0"
     (line,) = workload_lines(tmp_path)
-    assert "decode sample T=1 seed=0" in line and "repeated 8-grams" in line and "expert reuse" in line
+    assert f"decode {SAMPLED.label}" in line and "repeated 8-grams" in line and "expert reuse" in line
     Runner(host, config(), tmp_path, resume=True).run()  # a resumed run does not write the reference twice
     assert len(read_reference(tmp_path)) == 2
 
