@@ -176,3 +176,100 @@ def test_nvml_counts_the_bytes_of_real_host_to_device_copies():  # pragma: no co
     total = sampler.stop()
     nvml.shutdown()
     assert total.rx_bytes > 0.5 * 8 * host.numel()
+
+
+# ---- cumulative PCIe byte counters (NVML field values) -------------------------------------------------
+class FakeNvml:
+    """Enough of pynvml for an NvmlSource: throughput, memory, and the cumulative PCIe byte counters."""
+
+    NVML_SUCCESS = 0
+    NVML_PCIE_UTIL_RX_BYTES, NVML_PCIE_UTIL_TX_BYTES = 1, 0
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 197, 198
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, counters_supported=True):
+        self.rx_total, self.tx_total = 10**12, 5 * 10**11  # counters since the driver loaded
+        self.counters_supported = counters_supported
+
+    def nvmlDeviceGetName(self, handle):
+        return b"Fake GPU"
+
+    def nvmlDeviceGetPcieThroughput(self, handle, which):
+        return 1000  # KB/s
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=123)
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetFieldValues(self, handle, fields):
+        out = []
+        for f in fields:
+            value = self.rx_total if f == self.NVML_FI_DEV_PCIE_COUNT_RX_BYTES else self.tx_total
+            out.append(SimpleNamespace(fieldId=f, valueType=3, nvmlReturn=0 if self.counters_supported else 3,
+                                       value=SimpleNamespace(ullVal=value)))
+        return out
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    def make(**kw):
+        fake = FakeNvml(**kw)
+        monkeypatch.setattr(nvml, "open_source", lambda device: nvml.NvmlSource(fake, "handle"))
+        monkeypatch.setattr(nvml, "_pynvml", lambda: fake)
+        return fake
+    return make
+
+
+def run_cell(fake, cell, moved_rx=0, moved_tx=0):
+    nvml.specterbench_cell_start(cell=cell, engine=SimpleNamespace(device=torch.device("cuda", 0)))
+    fake.rx_total += moved_rx
+    fake.tx_total += moved_tx
+    r = row(cell=cell, h2d_bytes=moved_rx)
+    nvml.specterbench_cell_end(cell=cell, row=r)
+    return r
+
+
+def test_cumulative_counters_give_the_exact_bytes_of_the_cell(fake_gpu):
+    fake = fake_gpu()
+    r = run_cell(fake, "k1", moved_rx=7_340_032, moved_tx=4096)
+    assert (r.nvml_h2d_bytes, r.nvml_d2h_bytes) == (7_340_032, 4096)
+    assert r.extra["nvml_source"] == "pcie-counters"
+    assert nvml.nvml_columns(r)["NVML/ledger ratio"] == "1.00"
+
+
+def test_without_counters_the_sampled_throughput_is_the_fallback(fake_gpu):
+    fake = fake_gpu(counters_supported=False)
+    r = run_cell(fake, "k2", moved_rx=10**9)
+    assert r.extra["nvml_source"] == "sampled-throughput"
+    assert r.nvml_h2d_bytes is not None and r.nvml_h2d_bytes != 10**9  # integrated from 1000 KB/s, not counted
+
+
+def test_a_counter_that_went_backwards_falls_back_to_the_sampler(fake_gpu):
+    fake = fake_gpu()
+    r = run_cell(fake, "k3", moved_rx=-5)  # a driver reload resets the counters
+    assert r.extra["nvml_source"] == "sampled-throughput"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device with NVML")
+def test_pcie_counters_count_real_host_to_device_copies():  # pragma: no cover - needs CUDA
+    try:
+        source = nvml.open_source(torch.device("cuda", 0))
+    except nvml.NvmlUnavailable as err:
+        pytest.skip(str(err))
+    counters = nvml.open_counters(source)
+    if counters is None:
+        nvml.shutdown()
+        pytest.skip("this GPU/driver has no NVML PCIe byte counters")
+    host = torch.empty(256 * 2**20, dtype=torch.uint8).pin_memory()
+    start = counters.read()
+    for _ in range(8):
+        host.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    end = counters.read()
+    nvml.shutdown()
+    ratio = (end[0] - start[0]) / (8 * host.numel())
+    assert 0.9 <= ratio <= 1.3, f"NVML RX / bytes copied = {ratio:.3f}"

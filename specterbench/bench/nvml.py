@@ -1,15 +1,19 @@
 """NVML: the GPU's own count of PCIe bytes and memory, beside the engine's transfer ledger.
 
-A built-in plugin. For each benchmark cell on a CUDA engine a :class:`Sampler` thread reads the device's
-PCIe throughput counters (``nvmlDeviceGetPcieThroughput``: KB/s over NVML's ~20 ms window, RX and TX as the
-GPU sees them) and its memory used, every ``interval_s``, and integrates throughput over time (trapezoid
-rule) into bytes. At the end of the cell the row gets ``nvml_h2d_bytes`` (RX: host → device),
-``nvml_d2h_bytes`` (TX) and ``extra["nvml_peak_memory_used_bytes"]``; without NVML or a GPU the row gets
-``nvml_note`` saying why, and the byte columns stay empty (never zero).
+A built-in plugin. For each benchmark cell on a CUDA engine it reads the device's **cumulative PCIe byte
+counters** (``nvmlDeviceGetFieldValues`` with ``NVML_FI_DEV_PCIE_COUNT_RX_BYTES`` / ``_TX_BYTES``: bytes the GPU
+received / sent since the driver loaded) at the cell's start and end; the difference is exact, whatever the
+length of the copies. Where the driver or GPU lacks those fields, a :class:`Sampler` thread falls back to the
+throughput counters (``nvmlDeviceGetPcieThroughput``: KB/s over NVML's ~20 ms window), read every
+``interval_s`` and integrated over time (trapezoid rule) — short copies alias with that window, so the fallback
+is noisy. The sampler always runs for the peak of memory used.
+
+The row gets ``nvml_h2d_bytes`` (RX: host → device), ``nvml_d2h_bytes`` (TX), ``extra["nvml_source"]``
+(``pcie-counters`` or ``sampled-throughput``) and ``extra["nvml_peak_memory_used_bytes"]``; without NVML or a GPU
+the row gets ``nvml_note`` saying why, and the byte columns stay empty (never zero).
 
 NVML counts every byte on the link — token ids, logits, other processes on the same GPU — so expect the
-ratio to the ledger slightly above 1; far from 1 means the ledger or the copies are wrong. The counter is a
-sampled rate, so very short cells (a few windows) are noisy.
+ratio to the ledger slightly above 1; far from 1 means the ledger or the copies are wrong.
 
 The run's environment gets the GPU name, driver, and PCIe generation and width (current and max) under
 ``nvml`` — or ``{"note": <why not>}``.
@@ -190,6 +194,45 @@ class NvmlSource:
         return float(rx), float(tx), int(nv.nvmlDeviceGetMemoryInfo(h).used)
 
 
+class PcieCounters:
+    """The GPU's cumulative PCIe byte counters (NVML field values): ``read() -> (rx_bytes, tx_bytes)``."""
+
+    def __init__(self, pynvml, handle):
+        self.pynvml = pynvml
+        self.handle = handle
+        self.fields = (pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES)
+
+    def read(self) -> tuple[int, int]:
+        values = self.pynvml.nvmlDeviceGetFieldValues(self.handle, list(self.fields))
+        return tuple(_field_value(self.pynvml, v) for v in values)
+
+
+_VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _field_value(pynvml, v) -> int:
+    if v.nvmlReturn != pynvml.NVML_SUCCESS:
+        raise NvmlUnavailable(f"no NVML PCIe byte counters: field {v.fieldId} returned error {v.nvmlReturn}")
+    attr = _VALUE_ATTR.get(int(v.valueType))
+    if attr is None:
+        raise NvmlUnavailable(f"no NVML PCIe byte counters: field {v.fieldId} has value type {v.valueType}")
+    return int(getattr(v.value, attr))
+
+
+def open_counters(source) -> PcieCounters | None:
+    """The cumulative counters of an opened :class:`NvmlSource`'s GPU, or None where the GPU lacks them."""
+    if not isinstance(source, NvmlSource):
+        return None
+    try:
+        counters = PcieCounters(source.pynvml, source.handle)
+        counters.read()
+    except (NvmlUnavailable, AttributeError):
+        return None
+    except source.pynvml.NVMLError:
+        return None
+    return counters
+
+
 def open_source(device) -> CounterSource:
     """A counter source for ``device`` (a torch device); raises :class:`NvmlUnavailable` with the reason."""
     if getattr(device, "type", str(device)) != "cuda":
@@ -245,7 +288,16 @@ def environment() -> dict:
 
 
 # ---- hooks ---------------------------------------------------------------------------------------
-_cells: dict[str, Sampler | str] = {}  # cell key -> running sampler, or the note why there is none
+@dataclass(slots=True)
+class CellCounters:
+    """What a cell started with: the sampler (memory peak, fallback bytes) and the counters' first reading."""
+
+    sampler: Sampler
+    counters: PcieCounters | None = None
+    start: tuple[int, int] | None = None
+
+
+_cells: dict[str, CellCounters | str] = {}  # cell key -> what runs for it, or the note why nothing does
 
 
 @hookimpl
@@ -260,7 +312,12 @@ def specterbench_cell_start(cell, engine):
     except NvmlUnavailable as err:
         _cells[cell] = str(err)
         return
-    _cells[cell] = Sampler(source).start()
+    counters = open_counters(source)
+    state = CellCounters(Sampler(source))
+    if counters is not None:
+        state.counters, state.start = counters, counters.read()
+    state.sampler.start()
+    _cells[cell] = state
 
 
 @hookimpl(tryfirst=True)  # measure first; plugins after it may adjust the row
@@ -272,22 +329,40 @@ def specterbench_cell_end(cell, row):
     if isinstance(state, str):
         row.nvml_note = state
         return
+    end = None
     try:
-        total = state.stop()
+        if state.counters is not None:
+            try:
+                end = state.counters.read()
+            except (NvmlUnavailable, state.counters.pynvml.NVMLError):
+                end = None
+        total = state.sampler.stop()
     finally:
-        if isinstance(state.source, NvmlSource):
+        if isinstance(state.sampler.source, NvmlSource):
             shutdown()
-    if state.error is not None:
-        row.nvml_note = f"NVML sampling failed: {type(state.error).__name__}: {state.error}"
+    fill_row(row, total, state.sampler.error, state.start, end)
+
+
+def fill_row(row, total: Integrated, error, start=None, end=None) -> None:
+    """Bytes from the counters when both readings exist (and moved forward), else from the sampled integral."""
+    row.extra["nvml_peak_memory_used_bytes"] = total.peak_memory_used_bytes
+    row.extra["nvml_samples"] = total.samples
+    row.extra["nvml_duration_s"] = total.duration_s
+    if start is not None and end is not None and end[0] >= start[0] and end[1] >= start[1]:
+        row.nvml_h2d_bytes, row.nvml_d2h_bytes = end[0] - start[0], end[1] - start[1]
+        row.extra["nvml_source"] = "pcie-counters"
+        if error is None and total.samples >= 2:
+            row.extra["nvml_sampled_h2d_bytes"] = int(round(total.rx_bytes))  # the fallback, for comparison
+        return
+    if error is not None:
+        row.nvml_note = f"NVML sampling failed: {type(error).__name__}: {error}"
         return
     if total.samples < 2:
         row.nvml_note = "NVML: fewer than two samples, nothing to integrate"
         return
     row.nvml_h2d_bytes = int(round(total.rx_bytes))
     row.nvml_d2h_bytes = int(round(total.tx_bytes))
-    row.extra["nvml_peak_memory_used_bytes"] = total.peak_memory_used_bytes
-    row.extra["nvml_samples"] = total.samples
-    row.extra["nvml_duration_s"] = total.duration_s
+    row.extra["nvml_source"] = "sampled-throughput"
 
 
 # ---- report --------------------------------------------------------------------------------------
