@@ -1,5 +1,6 @@
-"""Meta-tests: every hook and every Strategy decision point is documented in docs/plugins.md with its exact
-signature, every hook is exercised by a test, and the doc's 40-line example is a working plugin."""
+"""Meta-tests: every hook, every Strategy decision point, every public engine method and every cost estimate is
+documented in docs/plugins.md with its exact signature and exercised by a test; the walk-throughs quote their
+example packages verbatim; the doc's 40-line example is a working plugin."""
 
 import importlib.util
 import inspect
@@ -10,12 +11,31 @@ from pathlib import Path
 import pytest
 
 from specterbench import Strategy, conformance, hookspecs
+from specterbench.engine.costs import CostEstimates
+from specterbench.engine.engine import Engine
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "plugins.md"
 HOOKS = {name: fn for name, fn in vars(hookspecs).items() if name.startswith("specterbench_") and inspect.isfunction(fn)}
 DECISION_POINTS = sorted(name for name, value in vars(Strategy).items()
                          if not name.startswith("_") and callable(getattr(Strategy, name)))
+# Engine methods the runner and the seam call: listed in their own section, not one heading each.
+RUNNER_ONLY = ("configure", "begin_request", "begin_warmup", "end_warmup", "run_moe_layer", "start_recording",
+               "stop_recording")
+
+
+def public_methods(cls) -> dict:
+    """Public functions of ``cls`` (plain, static and class methods; not properties)."""
+    out = {}
+    for name, member in vars(cls).items():
+        fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+        if not name.startswith("_") and inspect.isfunction(fn):
+            out[name] = (fn, not isinstance(member, staticmethod))
+    return out
+
+
+ENGINE = public_methods(Engine)
+COSTS = public_methods(CostEstimates)
 
 
 def headings() -> set[str]:
@@ -63,6 +83,57 @@ def test_every_strategy_decision_point_has_a_heading_with_its_signature(name):
     fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
     expected = "Strategy." + signature(fn, skip_self=not isinstance(member, staticmethod))
     assert expected in headings(), f"docs/plugins.md needs a heading `### {expected}`"
+
+
+@pytest.mark.parametrize("name", sorted(set(ENGINE) - set(RUNNER_ONLY)))
+def test_every_engine_method_a_strategy_may_call_has_a_heading_with_its_signature(name):
+    fn, bound = ENGINE[name]
+    expected = "engine." + signature(fn, skip_self=bound)
+    assert expected in headings(), f"docs/plugins.md needs a heading `### {expected}`"
+
+
+@pytest.mark.parametrize("name", RUNNER_ONLY)
+def test_the_engine_methods_of_the_runner_are_listed_as_such(name):
+    assert name in ENGINE, f"Engine.{name} is gone: update RUNNER_ONLY and the doc"
+    text = section("What a strategy may ask and do: the engine")
+    part = text[text.index("### Called by the runner and the seam, not by strategies"):]
+    assert f"`engine.{name}(" in part
+
+
+@pytest.mark.parametrize("name", sorted(COSTS))
+def test_every_cost_estimate_has_a_heading_with_its_signature(name):
+    fn, bound = COSTS[name]
+    expected = "engine.costs." + signature(fn, skip_self=bound)
+    assert expected in headings(), f"docs/plugins.md needs a heading `### {expected}`"
+
+
+def exercised(name: str) -> list[str]:
+    """Test files (this one aside) that call or define ``name``."""
+    pattern = re.compile(rf"(\.|def ){re.escape(name)}\(")
+    files = [p for p in (ROOT / "tests").rglob("test_*.py") if p.name != Path(__file__).name]
+    files += list((ROOT / "plugins").glob("*/tests/test_*.py"))
+    return [p.name for p in files if pattern.search(p.read_text())]
+
+
+@pytest.mark.parametrize("name", sorted({*DECISION_POINTS, *(f"engine.{n}" for n in ENGINE),
+                                         *(f"engine.costs.{n}" for n in COSTS)}))
+def test_every_strategy_method_engine_method_and_cost_estimate_is_exercised_by_a_test(name):
+    assert exercised(name.rsplit(".", 1)[-1]), f"no test calls or implements {name}; write one"
+
+
+WALKTHROUGHS = {"An ARC cache": "examples/arc/specterbench_arc/__init__.py",
+                "A router predictor that prefetches in time":
+                    "examples/router_prefetch/specterbench_router_prefetch/__init__.py",
+                "Speculative strategies": "examples/draft_verify/specterbench_draft_verify/__init__.py"}
+
+
+@pytest.mark.parametrize("title", sorted(WALKTHROUGHS))
+def test_a_walkthrough_quotes_its_example_package_verbatim(title):
+    source = (ROOT / WALKTHROUGHS[title]).read_text()
+    blocks = code_blocks(section(title), "python")
+    assert blocks, f"section {title!r} shows no code"
+    for block in blocks:
+        assert block in source, f"a code block of {title!r} is not in {WALKTHROUGHS[title]} as written:\n{block}"
 
 
 def test_the_example_pyproject_declares_the_entry_point():

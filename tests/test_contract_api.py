@@ -1,0 +1,182 @@
+"""The strategy-facing API does what docs/plugins.md says: prefetch results, cancel, landed notifications, the
+candidates view, cost estimates equal to what the modeled clock charges, router signals, warm-up, emit, substitutes
+and the routing recorder. One tiny engine (2 MoE layers, 8 experts, top-2) on the modeled clock."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specterbench import Request, Strategy
+from specterbench.engine.cache import PrefetchResult
+from specterbench.engine.clocks import ModeledClock
+from specterbench.engine.engine import Engine
+from specterbench.engine.models import tiny_random
+from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.plugins.strategy import SUBSTITUTE
+
+
+class Recorder(Strategy):
+    name = "contract-recorder"
+    version = "1"
+
+    def attach(self, engine):
+        super().attach(engine)
+        self.landed, self.steps, self.seen, self.warmups = [], [], [], 0
+
+    def on_step_start(self, n_tokens):
+        self.steps.append(n_tokens)
+
+    def before_layer(self, layer, experts, tokens_per_expert):
+        r = self.engine.routing
+        self.seen.append((layer, tuple(r.top_k_index.shape), tuple(r.logits.shape), float(r.probs.sum(-1)[0]),
+                          self.engine.costs.until_layer_s(layer), list(experts) == r.experts))
+
+    def on_copy_landed(self, key):
+        self.landed.append(key)
+
+    def on_warmup_end(self):
+        self.warmups += 1
+
+
+@pytest.fixture
+def engine():
+    model, tok = tiny_random("mixtral")
+    return Engine(model, name="tiny-random-mixtral", tokenizer=tok)
+
+
+def configure(engine, strategy, slots=4):
+    clock = ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0])
+    engine.configure(strategy, slots * engine.expert_bytes, clock)
+    return strategy
+
+
+def route(engine, layer, tokens):
+    idx = torch.tensor(tokens)  # [T, k]
+    hidden = torch.randn(len(tokens), engine.own_geometry.hidden)  # [T, H]
+    return engine.run_moe_layer(layer, F.silu, hidden, idx, torch.full(idx.shape, 0.5))
+
+
+def test_the_model_sizes_a_strategy_reads(engine):
+    assert (engine.num_layers, engine.num_experts, engine.top_k) == (2, 8, 2)
+    assert engine.min_budget_bytes() == engine.top_k * engine.expert_bytes
+
+
+def test_a_prefetch_result_says_what_happened_and_only_queued_is_truthy(engine):
+    configure(engine, Recorder(), slots=2)
+    assert engine.prefetch((0, 1), 1.0) is PrefetchResult.QUEUED and engine.prefetch((0, 2), 1.0)
+    assert engine.prefetch((0, 1), 1.0) is PrefetchResult.IN_FLIGHT
+    assert engine.prefetch((0, 3), 1.0) is PrefetchResult.NO_ROOM and not PrefetchResult.NO_ROOM
+    engine.wait_for([(0, 1), (0, 2)])
+    assert engine.prefetch((0, 1)) is PrefetchResult.CACHED and not PrefetchResult.CACHED
+    assert engine.landed((0, 1)) and engine.expected_arrival((0, 1)) <= engine.costs.now_s()
+
+
+def test_cancel_drops_a_queued_copy_and_frees_its_bytes(engine):
+    configure(engine, Recorder(), slots=3)
+    engine.prefetch((0, 1), 1.0)
+    engine.prefetch((0, 2), 0.5)  # behind (0, 1) on the link: not started
+    free = engine.cache.free_bytes
+    assert engine.cancel((0, 2)) and (0, 2) not in engine.cache
+    assert engine.cache.free_bytes == free + engine.expert_bytes
+    assert not engine.cancel((1, 7))  # not cached
+
+
+def test_a_landed_copy_is_reported_at_the_next_layer_boundary(engine):
+    s = configure(engine, Recorder())
+    engine.prefetch((1, 3), 1.0)
+    assert engine.expected_arrival((1, 3)) > engine.costs.now_s() and not engine.landed((1, 3))
+    assert engine.expected_arrival((1, 4)) is None  # not cached
+    engine.wait_for([(1, 3)])
+    route(engine, 0, [[0, 1]])
+    assert s.landed[0] == (1, 3)
+
+
+def test_candidates_leave_out_protected_and_in_flight_experts(engine):
+    configure(engine, Recorder())
+    engine.prefetch((0, 1))
+    engine.wait_for([(0, 1)])
+    engine.prefetch((0, 2))
+    engine.prefetch((0, 3))  # (0, 2) is on the link, (0, 3) queued
+    view = engine.candidates(protect={(0, 3)})
+    assert (0, 1) in view and (0, 3) not in view and list(view) == [k for k in view]
+    assert engine.evictable() == list(engine.candidates())
+
+
+def test_cost_estimates_are_what_the_modeled_clock_charges(engine):
+    configure(engine, Recorder())
+    costs, profile = engine.costs, BUILTIN_PROFILES[0]
+    assert costs.copy_s() == pytest.approx(profile.link_latency_us * 1e-6 +
+                                           engine.priced_expert_bytes / profile.link_bytes_per_s)
+    assert costs.link_bytes_per_s() == profile.link_bytes_per_s  # no copy timed yet
+    assert engine.charge_expert(3) == pytest.approx(costs.expert_s(3))
+    assert engine.charge(costs.model.experts_fused([1, 2], 0.25)) == pytest.approx(costs.experts_fused_s([1, 2], 0.25))
+    assert min(costs.layer_s(1), costs.head_s(), costs.router_s(4), costs.host_expert_s(1)) > 0
+    assert costs.host_backlog_s() == 0.0 and costs.link_backlog_s() == 0.0
+    engine.prefetch((0, 1), 1.0)
+    engine.prefetch((0, 2), 0.5)
+    assert costs.link_backlog_s(0.75) < costs.link_backlog_s(0.25)  # a copy at 0.75 would pass (0, 2)
+    assert costs.copy_arrival_s(0.25) == pytest.approx(costs.link_backlog_s(0.25) + costs.copy_s())
+    assert engine.link_bytes_per_s() is None or engine.link_bytes_per_s() > 0
+
+
+def test_router_signals_are_there_in_prefill_and_decode_and_gone_between_layers(engine):
+    s = configure(engine, Recorder(), slots=8)
+    request = Request("r", (5, 6, 7, 8), max_new_tokens=2)
+    engine.begin_request(request)
+    engine.decode(request)
+    assert s.steps == [4, 1]  # on_step_start: the prefill's tokens, then one per decode forward
+    prefill = s.seen[0]
+    assert prefill[:3] == (0, (4, 2), (4, 8)) and prefill[3] == pytest.approx(1.0) and prefill[5]
+    assert all(until == 0.0 for *_, until, _ in s.seen)  # the running layer's experts are needed now
+    assert engine.routing is None
+    with pytest.raises(Exception, match="only possible while a MoE layer runs"):
+        engine.router_guess(1)
+
+
+def test_router_guess_applies_another_layers_router_and_is_charged(engine):
+    configure(engine, Recorder())
+    hidden = torch.randn(3, engine.own_geometry.hidden)  # [T, H]
+    before = engine.costs.now_s()
+    guess = engine.router_guess(1, hidden)
+    assert guess.logits.shape == (3, 8) and guess.top_k_index.shape == (3, 2)
+    assert set(guess.experts()) <= set(range(8)) and engine.costs.now_s() > before
+
+
+def test_emit_records_one_sample_per_call_and_the_warm_up_restarts_counters(engine):
+    s = configure(engine, Recorder())
+    engine.begin_warmup()
+    assert engine.warming_up
+    route(engine, 0, [[0, 1]])
+    engine.end_warmup()
+    assert not engine.warming_up and s.warmups == 1 and engine.stats.misses == 0
+    engine.begin_request(Request("r", (1,), 4))
+    engine.emit(1)
+    engine.emit(3)
+    assert [x.tokens for x in engine.samples] == [1, 3]
+
+
+def test_a_substitute_computes_a_miss_with_the_strategys_own_weights(engine):
+    class Substituting(Strategy):
+        name, version, lossless = "contract-substitute", "1", False
+
+        def place_miss(self, key, n_tokens):
+            return SUBSTITUTE
+
+        def substitute(self, key):
+            weights = tuple(w.to(self.engine.compute_dtype) for w in self.engine.store.weights[key])
+            return weights, 1.0  # the full weights, as a fetch would bring them
+
+    configure(engine, Substituting())
+    torch.manual_seed(0)
+    out = route(engine, 0, [[0, 1], [2, 3]])
+    assert engine.stats.substituted == 4 and len(engine.cache) == 0 and out.shape == (2, engine.own_geometry.hidden)
+
+
+def test_the_routing_recorder_keeps_each_layer_calls_experts(engine):
+    configure(engine, Recorder(), slots=8)
+    rec = engine.start_recording()
+    route(engine, 0, [[0, 1], [1, 5]])
+    route(engine, 1, [[2, 3]])
+    assert engine.stop_recording() is rec and engine.recorder is None
+    assert rec.trace == [(0, (0, 1, 5)), (1, (2, 3))]
+    assert rec.counts[0].tolist() == [1, 2, 0, 0, 0, 1, 0, 0]
