@@ -18,7 +18,8 @@ short prompts) with a :class:`Watch` on it, and checks one rule:
 - tokens are lossless on every supported family (a strategy with ``lossless = False`` must report agreement);
 - two runs with the same seed give identical tokens and identical modeled samples;
 - an empty prompt is refused with a clean ``UsageError``; one-token and maximum-length prompts are survived;
-- state resets between requests: the same prompt decoded again after another gives the same tokens.
+- state resets between requests: the same prompt decoded again after another gives the same tokens (greedy; under
+  sampling each request has its own noise and losslessness shows the reset).
 
 A strategy runs at ``fixed_budget_fraction`` when it sets one, else at 60% of expert bytes.
 """
@@ -398,6 +399,8 @@ def test_state_resets_between_requests(specterbench_strategy, specterbench_lab):
     short = {pid: len(toks) for pid, toks in outputs.items() if len(toks) != TOKENS}
     if short:
         pytest.fail(f"{_describe(row)}: requests must each give {TOKENS} tokens; got {short}")
-    if row.lossless_strategy and outputs["a"] != outputs["a-again"]:
+    # Under sampling, 'a' and 'a-again' are different requests with their own noise, so their tokens may differ;
+    # the lossless check (each request's tokens equal the reference's) is what shows the state was reset.
+    if row.lossless_strategy and row.decode.get("mode", "greedy") == "greedy" and outputs["a"] != outputs["a-again"]:
         pytest.fail(f"{_describe(row)}: prompt 'a' decoded again after 'b' gave {outputs['a-again']}, first "
                     f"{outputs['a']}; reset per-request state in on_request_start()")

@@ -25,7 +25,9 @@ def default_models(host=None) -> list[str]:
 
     host = host or get_host()
     names = host.models().names()
-    embedded = [n for n in ("tiny-mixtral", "tiny-qwen-moe") if n in names]
+    from specterbench.embedded import EMBEDDED_MODELS
+
+    embedded = [n for n in EMBEDDED_MODELS if n in names]
     return embedded or ["tiny-random-mixtral"]
 
 
