@@ -81,6 +81,7 @@ def test_an_example_keeps_the_budget_spares_experts_in_use_and_is_lossless(name,
     conformance.test_no_expert_in_use_is_evicted(name, lab)
     conformance.test_tokens_are_lossless_on_every_family(name, "mixtral", lab)  # the default: sampled decode
     conformance.test_runs_are_deterministic_with_a_seed(name, lab)
+    conformance.test_state_resets_between_requests(name, lab)
 
 
 def test_the_battery_runs_on_an_installed_example_from_the_command_line(installed, tmp_path):
