@@ -1,0 +1,338 @@
+"""``specterbench calibrate``: measure this machine and write a hardware profile file for ``--profile PATH``.
+
+What is measured (medians over repetitions, after a warm-up; CUDA timings with events, host ones with
+``perf_counter``):
+
+- **link**: host→device copies from pinned memory of 64 KiB … 64 MiB (on a CPU-only machine: host→host
+  copies, the "link" of the host-wall engine). A least-squares fit ``t = latency + bytes / bandwidth`` over the
+  sizes gives ``link_latency_us`` and ``link_bytes_per_s``; the curve itself is kept under ``[measured]``;
+- **launch overhead**: back-to-back tiny kernels (a [1, 64] x [64, 64] linear), per launch → ``launch_us``;
+- **compute at decode shapes**: ``x @ W.T`` with ``W`` [I, H] in the run's dtype — one token (gemv, memory
+  bound) gives ``mem_bytes_per_s`` (weight bytes / time); 64 tokens (a verification or prefill block) give
+  ``flops_per_s``; the achieved FLOP/s at one token is kept as well;
+- **host experts**: the same gemv and matmul on the host CPU with its threads → the host profile's DRAM
+  bandwidth, FLOP/s and per-expert dispatch cost (``launch_us``).
+
+The file is TOML with ``[profile]`` (a :class:`~specterbench.engine.profiles.HardwareProfile`),
+``[host_profile]`` (a :class:`~specterbench.engine.profiles.HostProfile`) and ``[measured]`` (raw figures).
+:func:`load_profile_file` reads it back with one-line errors; :func:`register_profile_file` makes its profiles
+known to the plugin host under their names, so ``--profile PATH`` works wherever a profile name does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from specterbench import hookimpl
+from specterbench.engine.profiles import HardwareProfile, HostProfile
+from specterbench.errors import UsageError
+
+COPY_SIZES = tuple(2**k for k in range(16, 27, 2))  # 64 KiB .. 64 MiB
+QUICK_COPY_SIZES = tuple(2**k for k in range(16, 23, 2))  # 64 KiB .. 4 MiB
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    profile: HardwareProfile
+    host: HostProfile
+    measured: dict  # raw curves and figures
+
+
+# ---- timing ----------------------------------------------------------------------------------------------
+class _Timer:
+    """Times ``fn`` on ``device``: CUDA events around the call, or host wall time."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def seconds(self, fn, reps: int, inner: int = 1) -> float:
+        """Median seconds of one call of ``fn`` (``inner`` calls per sample), after one warm-up sample."""
+        samples = []
+        for i in range(reps + 1):
+            if self.device.type == "cuda":  # pragma: no cover - needs CUDA
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(inner):
+                    fn()
+                end.record()
+                end.synchronize()
+                dt = start.elapsed_time(end) / 1e3
+            else:
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    fn()
+                dt = time.perf_counter() - t0
+            if i:
+                samples.append(dt / inner)
+        return statistics.median(samples)
+
+
+def fit_link(sizes, seconds) -> tuple[float, float]:
+    """Least-squares ``t = a + b·bytes`` → ``(latency_s, bytes_per_s)``; latency clamped at 0.1 µs."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    b = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx if sxx else my / mx
+    if b <= 0:  # noise on a tiny curve: bandwidth from the largest copy
+        b = seconds[-1] / sizes[-1]
+    a = my - b * mx
+    return max(a, 1e-7), 1.0 / b
+
+
+def measure_link(device: torch.device, sizes=COPY_SIZES, reps: int = 5) -> dict:
+    timer = _Timer(device)
+    curve = []
+    for n in sizes:
+        if device.type == "cuda":  # pragma: no cover - needs CUDA
+            src = torch.empty(n, dtype=torch.uint8).pin_memory()
+            dst = torch.empty(n, dtype=torch.uint8, device=device)
+        else:
+            src, dst = torch.ones(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+        curve.append(timer.seconds(lambda: dst.copy_(src, non_blocking=True), reps, inner=4))
+        del src, dst
+    latency_s, bandwidth = fit_link(list(sizes), curve)
+    return {"copy_bytes": list(sizes), "copy_seconds": curve, "copy_bytes_per_s": [n / t for n, t in
+                                                                                   zip(sizes, curve)],
+            "link_latency_us": latency_s * 1e6, "link_bytes_per_s": bandwidth}
+
+
+def measure_launch(device: torch.device, reps: int = 5, inner: int = 200) -> float:
+    """Seconds per back-to-back tiny kernel: a [1, 64] x [64, 64] linear (dispatch and launch, almost no work)."""
+    x, w = torch.zeros(1, 64, device=device), torch.zeros(64, 64, device=device)
+    return _Timer(device).seconds(lambda: torch.nn.functional.linear(x, w), reps, inner)
+
+
+def measure_compute(device: torch.device, dtype: torch.dtype, hidden: int, inter: int, reps: int = 5) -> dict:
+    """One token and 64 tokens through ``W`` [inter, hidden]: bandwidth, FLOP/s at each shape."""
+    w = torch.randn(inter, hidden, device=device).to(dtype)
+    timer = _Timer(device)
+    out = {}
+    for tokens in (1, 64):
+        x = torch.randn(tokens, hidden, device=device).to(dtype)
+        s = timer.seconds(lambda: torch.nn.functional.linear(x, w), reps)
+        out[tokens] = {"seconds": s, "flops_per_s": 2 * tokens * hidden * inter / s,
+                       "bytes_per_s": (w.numel() + x.numel() + tokens * inter) * w.element_size() / s}
+    return {"shape": [inter, hidden], "dtype": str(dtype).replace("torch.", ""),
+            "gemv_seconds": out[1]["seconds"], "gemv_bytes_per_s": out[1]["bytes_per_s"],
+            "gemv_flops_per_s": out[1]["flops_per_s"], "block64_seconds": out[64]["seconds"],
+            "block64_flops_per_s": out[64]["flops_per_s"]}
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 16 * 2**30
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def calibrate(device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.bfloat16, quick: bool = False,
+              threads: int | None = None, name: str | None = None, hidden: int = 2048,
+              inter: int = 4096) -> Calibration:
+    """Measure ``device`` (and the host) and return the profiles. ``quick``: fewer sizes and repetitions (tests).
+
+    ``hidden``/``inter``: the weight shape of the compute measurements (default a 16 MiB bf16 matrix, larger
+    than a CPU's last-level cache so the gemv reads DRAM)."""
+    device = torch.device(device)
+    threads = threads or torch.get_num_threads()
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    reps = 3 if quick else 7
+    try:
+        link = measure_link(device, QUICK_COPY_SIZES if quick else COPY_SIZES, reps)
+        launch_s = measure_launch(device, reps)
+        compute = measure_compute(device, dtype, hidden, inter, reps)
+        cpu = torch.device("cpu")
+        host = compute if device.type == "cpu" else measure_compute(cpu, dtype, hidden, inter, reps)
+        host_launch_s = launch_s if device.type == "cpu" else measure_launch(cpu, reps)
+    finally:
+        torch.set_num_threads(previous)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    node = platform.node() or "host"
+    if device.type == "cuda":  # pragma: no cover - needs CUDA
+        props = torch.cuda.get_device_properties(device)
+        accelerator, memory = props.name, int(props.total_memory)
+    else:
+        accelerator, memory = f"host CPU as the device: {_cpu_name()} ({threads} threads)", _host_memory_bytes()
+    how = f"measured by `specterbench calibrate` on {node} at {when} (torch {torch.__version__}, {compute['dtype']})"
+    profile = HardwareProfile(
+        name=name or f"calibrated-{node}-{device.type}", accelerator=accelerator,
+        flops_per_s=compute["block64_flops_per_s"], mem_bytes_per_s=compute["gemv_bytes_per_s"],
+        link_bytes_per_s=link["link_bytes_per_s"], link_latency_us=link["link_latency_us"],
+        launch_us=launch_s * 1e6, device_memory_bytes=memory,
+        sources=(how, "link: least-squares fit of pinned copies, 64 KiB-64 MiB" if device.type == "cuda" else
+                 "link: host-to-host copies (no device on this machine)",
+                 f"compute: {compute['shape']} weight, gemv for bandwidth, 64-token block for FLOP/s"))
+    host_profile = HostProfile(
+        name=f"{profile.name}-host", cpu=_cpu_name(), mem_bytes_per_s=host["gemv_bytes_per_s"],
+        flops_per_s=host["block64_flops_per_s"], threads=threads, launch_us=host_launch_s * 1e6,
+        sources=(how, f"host experts: {host['shape']} {host['dtype']} gemv and 64-token block, {threads} threads"))
+    measured = {"device": str(device), "threads": threads, **link, "launch_us": launch_s * 1e6,
+                **{f"device_{k}": v for k, v in compute.items()}, **{f"host_{k}": v for k, v in host.items()}}
+    return Calibration(profile, host_profile, measured)
+
+
+# ---- the profile file --------------------------------------------------------------------------------------
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v) if math.isfinite(v) else "nan"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def write_profile_file(cal: Calibration, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"# hardware profile written by `specterbench calibrate`; use it with --profile {path}", ""]
+    for table, data in (("profile", asdict(cal.profile)), ("host_profile", asdict(cal.host)),
+                        ("measured", cal.measured)):
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in data.items()]
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _check_positive(kind: str, data: dict, fields) -> None:
+    for f in fields:
+        if f not in data:
+            continue  # from_dict names missing fields
+        v = data[f]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
+        if not v > 0:
+            raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
+
+
+def load_profile_file(path) -> tuple[HardwareProfile, HostProfile | None]:
+    """The profiles of a file written by :func:`write_profile_file` (TOML or JSON with the same tables)."""
+    import json
+    import tomllib
+
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--profile {path}: no such file; write one with `specterbench calibrate --out {path}` "
+                         f"or name a built-in profile (specterbench list)")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"--profile {path}: malformed ({str(err).splitlines()[0]}); re-run specterbench "
+                         f"calibrate") from None
+    table = data.get("profile")
+    if not isinstance(table, dict):
+        raise UsageError(f"--profile {path}: no [profile] table; re-run specterbench calibrate")
+    _check_positive("profile", table, ("flops_per_s", "mem_bytes_per_s", "link_bytes_per_s", "link_latency_us",
+                                       "launch_us", "device_memory_bytes"))
+    try:
+        profile = HardwareProfile.from_dict(table)
+        host = data.get("host_profile")
+        if host is not None:
+            _check_positive("host_profile", host, ("mem_bytes_per_s", "flops_per_s", "threads", "launch_us"))
+            host = HostProfile.from_dict(host)
+    except UsageError as err:
+        raise UsageError(f"--profile {path}: {err}") from None
+    except TypeError as err:
+        raise UsageError(f"--profile {path}: {err}; re-run specterbench calibrate") from None
+    return profile, host
+
+
+class _FileProfiles:
+    """An in-process plugin that registers the profiles of one file."""
+
+    def __init__(self, profile, host):
+        self.profile, self.host = profile, host
+
+    @hookimpl
+    def specterbench_register_profiles(self, register):
+        register(self.profile)
+
+    @hookimpl
+    def specterbench_register_host_profiles(self, register):
+        if self.host is not None:
+            register(self.host)
+
+
+def register_profile_file(host, path) -> tuple[str, str | None]:
+    """Register the file's profiles with the plugin host; returns ``(profile name, host profile name or None)``."""
+    profile, host_profile = load_profile_file(path)
+    if profile.name not in host.profiles().names():
+        host.register(_FileProfiles(profile, host_profile), f"profile-file:{Path(path).resolve()}")
+    return profile.name, host_profile.name if host_profile else None
+
+
+def is_profile_path(text: str) -> bool:
+    """Whether ``--profile`` names a file rather than a registered profile."""
+    return text.endswith((".toml", ".json")) or os.sep in text or Path(text).is_file()
+
+
+# ---- command line --------------------------------------------------------------------------------------
+def add_calibrate_parser(sub) -> None:
+    s = sub.add_parser("calibrate", help="measure this machine's link, launch and compute; write a profile file")
+    s.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="cuda, cuda:N or cpu (default: cuda when there is one)")
+    s.add_argument("--out", default="results/profile.toml", help="profile file to write (TOML)")
+    s.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    s.add_argument("--threads", type=int, default=None, help="host threads (default: torch's)")
+    s.add_argument("--name", help="profile name (default calibrated-<host>-<device>)")
+    s.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds, noisier)")
+    s.set_defaults(func=cmd_calibrate)
+
+
+def check_device(text: str) -> torch.device:
+    """A torch device that exists here; ``cuda`` without CUDA (or ``cuda:7`` past the count) is a UsageError."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text}: this machine has no CUDA device; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s); use cuda:0..."
+                             f"{torch.cuda.device_count() - 1}")
+    elif device.type != "cpu":
+        raise UsageError(f"--device {text}: only cpu and cuda are supported")
+    return device
+
+
+def cmd_calibrate(args) -> int:
+    device = check_device(args.device)
+    if args.threads is not None and args.threads <= 0:
+        raise UsageError(f"--threads must be positive, got {args.threads}")
+    cal = calibrate(device, dtype=getattr(torch, args.dtype), quick=args.quick, threads=args.threads, name=args.name)
+    path = write_profile_file(cal, args.out)
+    p, h, m = cal.profile, cal.host, cal.measured
+    print(f"profile {p.name}: {p.accelerator}")
+    for n, t in zip(m["copy_bytes"], m["copy_seconds"]):
+        print(f"  copy {n / 2**20:8.3f} MiB  {t * 1e6:10.1f} us  {n / t / 1e9:7.2f} GB/s")
+    print(f"  link: {p.link_bytes_per_s / 1e9:.2f} GB/s, latency {p.link_latency_us:.1f} us (fit)")
+    print(f"  launch: {p.launch_us:.2f} us per kernel")
+    print(f"  compute ({m['device_dtype']}): gemv {p.mem_bytes_per_s / 1e9:.2f} GB/s "
+          f"({m['device_gemv_flops_per_s'] / 1e9:.2f} GFLOP/s at 1 token), {p.flops_per_s / 1e9:.1f} GFLOP/s at 64 tokens")
+    print(f"  host experts: {h.mem_bytes_per_s / 1e9:.2f} GB/s DRAM, {h.flops_per_s / 1e9:.1f} GFLOP/s, "
+          f"{h.threads} threads, {h.launch_us:.1f} us dispatch")
+    print(f"written: {path}  (use: --profile {path})")
+    return 0

@@ -1,0 +1,194 @@
+"""``specterbench validate --profile PATH``: run the same cells measured and modeled, and print the model's error.
+
+Both runs decode the same model, prompts and budgets with each strategy; one on the measured clock (CUDA events
+and wall time with synchronisation on a GPU — host wall time on a CPU-only machine), one on the modeled clock
+priced by the profile file (normally written by ``specterbench calibrate`` on this machine) at the model's own
+geometry. Per (strategy, budget) it prints the mean time per output token of each and the relative error
+``modeled / measured - 1`` (negative: the model is optimistic). Means, not medians: a speculative window's
+tokens share one time, so the median hides the slow windows.
+
+The model runs in ``--dtype`` (bf16 by default: what the modeled clock prices). Results: ``validate.json`` and
+``validate.md`` under ``--out``, beside the two run folders (``measured/``, ``modeled/``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from specterbench import hookimpl
+from specterbench.errors import UsageError
+
+DEFAULT_STRATEGIES = ("lru", "specter", "oracle", "cpu-experts")
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    strategy: str
+    budget_fraction: float
+    measured_tpot_ms: float | None  # mean per decode token; host wall time on a CPU-only machine
+    modeled_tpot_ms: float | None
+    error: float | None  # modeled / measured - 1
+    measured_clock: str  # measured (CUDA) | host
+    status: str  # ok, or the failing run's status and error
+    measured_hit_rate: float | None = None
+    modeled_hit_rate: float | None = None
+
+
+class _DtypeModel:
+    """An in-process plugin: ``<model>@<dtype>``, the same model cast to ``dtype``."""
+
+    def __init__(self, spec, dtype: torch.dtype):
+        from specterbench.engine.models import ModelSpec
+
+        def load():
+            model, tokenizer = spec.load()
+            return model.to(dtype), tokenizer
+
+        tag = str(dtype).replace("torch.", "")
+        self.spec = ModelSpec(name=f"{spec.name}@{tag}", family=spec.family, kind=spec.kind, load=load,
+                              description=f"{spec.name} cast to {tag}", geometry=spec.geometry)
+
+    @hookimpl
+    def specterbench_register_models(self, register):
+        register(self.spec)
+
+
+def model_in_dtype(host, name: str, dtype: torch.dtype) -> str:
+    spec = host.models().get(name)
+    plugin = _DtypeModel(spec, dtype)
+    if plugin.spec.name not in host.models().names():
+        host.register(plugin, f"dtype-model:{plugin.spec.name}")
+    return plugin.spec.name
+
+
+def mean_tpot_ms(row, key: str) -> float | None:
+    xs = (row.samples or {}).get(key) or []
+    return statistics.fmean(xs) if xs else None
+
+
+def compare(measured_rows, modeled_rows) -> list[Comparison]:
+    modeled = {(r.strategy, round(r.budget_fraction, 6)): r for r in modeled_rows}
+    out = []
+    for m in measured_rows:
+        key = (m.strategy, round(m.budget_fraction, 6))
+        d = modeled.get(key)
+        measured_key = "tpot_ms" if m.clock == "measured" else "host_ms"
+        got = mean_tpot_ms(m, measured_key) if m.status == "ok" else None
+        want = mean_tpot_ms(d, "tpot_ms") if d is not None and d.status == "ok" else None
+        status = "ok"
+        for r, label in ((m, "measured"), (d, "modeled")):
+            if r is None:
+                status = f"{label}: no row"
+            elif r.status != "ok":
+                status = f"{label} {r.status}: {r.error}"
+        error = want / got - 1 if got and want is not None else None
+        out.append(Comparison(m.strategy, m.budget_fraction, got, want, error, m.clock, status,
+                              m.hit_rate, d.hit_rate if d is not None else None))
+    return out
+
+
+def render(comparisons, profile: str, model: str) -> str:
+    lines = [f"Modeled vs measured TPOT — model {model}, profile {profile} (mean ms per decode token; "
+             f"error = modeled / measured - 1)", "",
+             "| strategy | budget | measured ms | modeled ms | error | measured clock | hit rate meas./mod. | status |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def f(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    for c in comparisons:
+        lines.append(f"| {c.strategy} | {c.budget_fraction:.0%} | {f(c.measured_tpot_ms, '.3f')} | "
+                     f"{f(c.modeled_tpot_ms, '.3f')} | {f(c.error, '+.1%')} | {c.measured_clock} | "
+                     f"{f(c.measured_hit_rate, '.3f')}/{f(c.modeled_hit_rate, '.3f')} | {c.status} |")
+    errors = [abs(c.error) for c in comparisons if c.error is not None]
+    if errors:
+        lines += ["", f"mean |error| {statistics.fmean(errors):.1%}, max |error| {max(errors):.1%} over "
+                      f"{len(errors)} cell(s)"]
+    if any(c.measured_clock == "host" for c in comparisons):
+        lines += ["", "measured = host wall time on a CPU-only machine (no GPU): this checks the model of the host, "
+                      "not a GPU's TPOT"]
+    return "\n".join(lines) + "\n"
+
+
+def validate(host, *, profile_path, model: str, strategies, budgets, prompts: int, tokens: int, device: str,
+             out: Path, threads: int | None = None, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
+             progress=None) -> tuple[list[Comparison], str]:
+    from specterbench.bench.calibrate import register_profile_file
+    from specterbench.bench.runner import BenchConfig, Runner
+    from specterbench.engine.sampling import DecodeSetting
+
+    profile, host_profile = register_profile_file(host, profile_path)
+    name = model_in_dtype(host, model, dtype)
+    if threads is None:
+        threads = host.host_profiles().get(host_profile).threads if host_profile else 1
+    base = BenchConfig(models=(name,), strategies=tuple(strategies), budgets=tuple(budgets), profile=profile,
+                       host_profile=host_profile or "desktop-ddr5", geometry="own", clock="measured",
+                       prompts=prompts, tokens=tokens, device=device, threads=threads, seed=seed,
+                       decode=DecodeSetting(mode="greedy"))
+    base.validate(host)
+    rows = {}
+    for clock in ("measured", "modeled"):
+        if progress:
+            progress(f"validate · {clock} clock")
+        rows[clock] = Runner(host, replace(base, clock=clock), Path(out) / clock, progress=progress).run()
+    comparisons = compare(rows["measured"], rows["modeled"])
+    text = render(comparisons, profile, name)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    (Path(out) / "validate.md").write_text(text, encoding="utf-8")
+    (Path(out) / "validate.json").write_text(json.dumps(
+        {"profile": profile, "profile_file": str(profile_path), "model": name, "device": device,
+         "threads": threads, "comparisons": [asdict(c) for c in comparisons]}, indent=2), encoding="utf-8")
+    return comparisons, text
+
+
+# ---- command line --------------------------------------------------------------------------------------
+def add_validate_parser(sub) -> None:
+    s = sub.add_parser("validate", help="run cells measured and modeled; print modeled-vs-measured TPOT error")
+    s.add_argument("--profile", required=True, help="profile file written by `specterbench calibrate`")
+    s.add_argument("--model", default="tiny-mixtral")
+    s.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES))
+    s.add_argument("--budgets", default="50%")
+    s.add_argument("--prompts", type=int, default=4)
+    s.add_argument("--tokens", type=int, default=16)
+    s.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    s.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    s.add_argument("--threads", type=int, default=None, help="host threads (default: the profile's host threads)")
+    s.add_argument("--out", default="results/validate")
+    s.add_argument("--max-error", type=float, default=None,
+                   help="exit 1 when any cell's |error| exceeds this fraction (default: report only)")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=cmd_validate)
+
+
+def cmd_validate(args) -> int:
+    from specterbench.bench.calibrate import check_device
+    from specterbench.bench.runner import parse_budget
+    from specterbench.plugins.host import get_host
+
+    check_device(args.device)
+    if args.prompts <= 0 or args.tokens <= 1:
+        raise UsageError("--prompts must be positive and --tokens at least 2 (TPOT needs a decode token)")
+    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
+    budgets = tuple(parse_budget(b) for b in args.budgets.split(",") if b.strip())
+    progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
+    comparisons, text = validate(get_host(), profile_path=args.profile, model=args.model, strategies=strategies,
+                                 budgets=budgets, prompts=args.prompts, tokens=args.tokens, device=args.device,
+                                 out=Path(args.out), threads=args.threads, dtype=getattr(torch, args.dtype),
+                                 progress=progress)
+    print(text, end="")
+    print(f"written: {Path(args.out) / 'validate.md'}, {Path(args.out) / 'validate.json'}")
+    failed = [c for c in comparisons if c.status != "ok"]
+    if failed:
+        print(f"specterbench: {len(failed)} cell(s) failed: " + "; ".join(f"{c.strategy}: {c.status}"
+                                                                         for c in failed), file=sys.stderr)
+        return 1
+    if args.max_error is not None and any(c.error is not None and abs(c.error) > args.max_error
+                                          for c in comparisons):
+        return 1
+    return 0
