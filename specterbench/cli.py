@@ -94,6 +94,10 @@ def run_config(args, host):
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
         decode=decode_setting(args))
     config.validate(host)
+    from specterbench.bench.checks import check_workload_size
+    from specterbench.bench.runner import load_prompts
+
+    check_workload_size(config.workload, config.prompts, load_prompts(config.workload, config.prompts))
     return config
 
 

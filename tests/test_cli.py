@@ -27,7 +27,7 @@ def one_error_line(err: str) -> str:
     (["--set", "lru"], "malformed --set"),
 ])
 def test_bad_input_is_one_line_and_a_nonzero_exit(host, small_prompts, capsys, tmp_path, args, message):
-    code, _, err = run(capsys, "run", "--out", str(tmp_path), "--quiet", *args)
+    code, _, err = run(capsys, "run", "--out", str(tmp_path), "--quiet", "--prompts", "2", *args)
     assert code == 2
     assert message in one_error_line(err)
 

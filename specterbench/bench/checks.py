@@ -1,5 +1,5 @@
 """Checks of a run's inputs that need no model: each failure is one :class:`UsageError` line naming the problem and
-the fix, raised before anything loads (device, workload size, strategy options), plus the context check that
+the fix, raised before any model loads (device, workload size, strategy options), plus the context check that
 needs the tokenizer (prompt + new tokens within the model's context), made before the reference pass."""
 
 from __future__ import annotations
@@ -31,14 +31,12 @@ def check_device(text: str) -> None:
                          f"pick one of them")
 
 
-def check_workload_size(workload: str, prompts: int) -> None:
-    """``prompts`` no more than the workload holds (never silently clipped: the cell key says how many ran)."""
-    from specterbench.bench.workloads import load_workload
-
-    size = len(load_workload(workload))
-    if prompts > size:
-        raise UsageError(f"--prompts {prompts} is more than workload {workload!r} holds ({size} prompts); "
-                         f"use --prompts {size} or less")
+def check_workload_size(workload: str, wanted: int, texts) -> None:
+    """``wanted`` prompts no more than the workload holds (``texts``: what it gave): never silently clipped,
+    since the cell key says how many ran."""
+    if len(texts) < wanted:
+        raise UsageError(f"--prompts {wanted} is more than workload {workload!r} holds ({len(texts)} prompts); "
+                         f"use --prompts {len(texts)} or less")
 
 
 def check_strategy_options(host, options: dict, strategies) -> None:

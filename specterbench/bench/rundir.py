@@ -54,8 +54,10 @@ def saved_options(options: dict) -> dict:
 
 
 def check_new(run_dir: Path) -> None:
-    """Refuse to start a run in a folder that already holds one (its rows would mix with the new ones)."""
-    if (run_dir / ROWS).exists() or (run_dir / RUN_JSON).exists():
+    """Refuse to start a run in a folder that already holds rows (they would mix with the new ones). A folder
+    whose run stopped before its first row (a bad input found after loading) may be started again."""
+    rows = run_dir / ROWS
+    if rows.exists() and rows.stat().st_size > 0:
         raise UsageError(f"run folder {run_dir} already holds a run; continue it with --resume {run_dir}, or pick "
                          f"another --run-id")
 

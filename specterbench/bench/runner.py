@@ -76,7 +76,6 @@ class BenchConfig:
             host.strategies().entry(name)
         check_strategy_options(host, self.strategy_options, self.strategies)
         check_device(self.device)
-        check_workload_size(self.workload, self.prompts)
         host.profiles().entry(self.profile)
         host.host_profiles().entry(self.host_profile)
         if self.geometry not in (None, "own", "auto"):
@@ -236,13 +235,15 @@ class Runner:
         cfg.validate(self.host)
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(cfg.threads)
+        texts = load_prompts(cfg.workload, cfg.prompts)
+        check_workload_size(cfg.workload, cfg.prompts, texts)  # before any model loads
         for model_name in cfg.models:
             engine = self.load_engine(model_name)
             self.check_budgets(engine)
             todo = [c for c in self.cells(model_name) if c[0] not in self.done]
             if not todo:
                 continue
-            prompts = encode_prompts(engine, load_prompts(cfg.workload, cfg.prompts), cfg.max_prompt_tokens)
+            prompts = encode_prompts(engine, texts, cfg.max_prompt_tokens)
             check_context(engine, prompts, cfg.tokens)
             reference = self.record_reference(engine, prompts)
             write_reference(self.run_dir, model=model_name, workload=cfg.workload, decode=cfg.decode,

@@ -8,9 +8,33 @@ It also loads the strategy conformance battery (:mod:`specterbench.plugins.confo
 --specterbench-strategy=NAME`` runs it against any installed strategy.
 """
 
+import importlib.util
+import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import pytest
+
+
+def _unshadow() -> None:
+    """Run from the parent folder of a clone named ``specterbench``, ``python -m pytest`` puts that folder on
+    ``sys.path`` and it shadows the installed package as an empty namespace package (``cannot import name
+    '__version__'``). Put the package this plugin belongs to back in its place, and say so in one line."""
+    pkg = sys.modules.get("specterbench")
+    if pkg is None or getattr(pkg, "__file__", None) is not None:
+        return
+    real = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("specterbench", real / "__init__.py",
+                                                  submodule_search_locations=[str(real)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["specterbench"] = module
+    spec.loader.exec_module(module)
+    shadow = ", ".join(str(p) for p in getattr(pkg, "__path__", [])) or "?"
+    print(f"specterbench: note: the folder {shadow} shadows the installed package; using {real} (run pytest "
+          f"from inside the clone to avoid this)", file=sys.stderr)
+
+
+_unshadow()
 
 # Load the battery through this plugin unless it has a pytest11 entry point of its own (registering the module
 # twice, under two names, would stop pytest).
