@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,6 +21,23 @@ import torch
 from specterbench.errors import ModelError
 
 EMBEDDED_MODELS: tuple[str, ...] = ("tiny-mixtral", "tiny-qwen-moe")
+
+
+@dataclass(frozen=True, slots=True)
+class StandIn:
+    """What an embedded model stands in for: its transformers family, the geometry preset ``--geometry auto``
+    prices it at, and the key of its real model in ``published_routing.json``."""
+
+    family: str
+    geometry: str
+    published: str
+
+
+STAND_INS: dict[str, StandIn] = {
+    "tiny-mixtral": StandIn("mixtral", "mixtral", "mixtral-8x7b"),
+    "tiny-qwen-moe": StandIn("qwen2_moe", "qwen-moe", "qwen1.5-moe-a2.7b"),
+    "tiny-deepseek": StandIn("deepseek_v2", "deepseek-v2-lite", "deepseek-v2-lite"),
+}
 
 _MODELS_DIR = Path(__file__).resolve().parent / "models"
 _REBUILD = "reinstall specterbench or run `make models`"
@@ -100,4 +118,4 @@ def load(name: str, dtype: torch.dtype = torch.float32, path: str | os.PathLike 
     return model, tokenizer
 
 
-__all__ = ["EMBEDDED_MODELS", "model_dir", "load"]
+__all__ = ["EMBEDDED_MODELS", "STAND_INS", "StandIn", "model_dir", "load"]
