@@ -54,7 +54,7 @@ def _top_k(model) -> int:
 
 def _num_experts(model) -> int:
     cfg = model.config
-    return int(getattr(cfg, "num_local_experts", None) or cfg.num_experts)
+    return int(getattr(cfg, "num_local_experts", None) or getattr(cfg, "n_routed_experts", None) or cfg.num_experts)
 
 
 def heldout_eval_windows(tokenizer, n_windows: int = EVAL_WINDOWS, seq_len: int = EVAL_SEQ_LEN) -> torch.Tensor:
@@ -171,15 +171,19 @@ def compute(model, windows: torch.Tensor, batch_size: int = 32) -> dict:
     }
 
 
-def lru_hit_rates(model, tokenizer, name: str, budgets=(0.35, 0.5), prompts: int = 8, tokens: int = 32) -> dict:
-    """Hit rate of the engine's per-layer LRU baseline at each budget (fraction of all expert bytes), greedy
-    decoding of the held-out benchmark prompts: a warm-up prompt, then ``prompts`` prompts × ``tokens``."""
+def lru_hit_rates(model, tokenizer, name: str, budgets=(0.35, 0.5), prompts: int = 8, tokens: int = 32,
+                  decode=None) -> dict:
+    """Hit rate of the engine's per-layer LRU baseline at each budget (fraction of all expert bytes) over the
+    held-out benchmark prompts decoded with ``decode`` (default: the harness's default decode): a warm-up
+    prompt, then ``prompts`` prompts × ``tokens``."""
     from specterbench.baselines import LRU
-    from specterbench.engine.engine import Engine
     from specterbench.bench.runner import encode_prompts, load_prompts
-    from specterbench.plugins.strategy import Request
     from specterbench.engine.clocks import HostWallClock
+    from specterbench.engine.engine import Engine
+    from specterbench.engine.sampling import DEFAULT_DECODE
+    from specterbench.plugins.strategy import Request
 
+    decode = decode or DEFAULT_DECODE
     engine = Engine(model, name=name, tokenizer=tokenizer)
     encoded = encode_prompts(engine, load_prompts("shakespeare-heldout-v1", prompts), 64)
     out = {}
@@ -188,11 +192,12 @@ def lru_hit_rates(model, tokenizer, name: str, budgets=(0.35, 0.5), prompts: int
         for i, (pid, ids) in enumerate([encoded[0], *encoded]):
             if i == 1:
                 engine.stats = type(engine.stats)()  # the first pass over prompt 0 only warms the cache
-            request = Request(pid, ids, tokens)
+            request = Request(pid, ids, tokens, decode=decode)
             engine.begin_request(request)
-            engine.greedy_decode(request)
+            engine.decode(request)
         st = engine.stats
         out[f"{budget:.0%}"] = round(st.hits / (st.hits + st.misses), 3)
+    out["decode"] = decode.label
     return out
 
 
@@ -237,9 +242,10 @@ def format_table(stats: dict) -> str:
     )
     if stats.get("lru_hit_rate"):
         rows.append("")
-        rows.append("LRU hit rate (the engine's per-layer LRU, greedy decoding of the held-out benchmark prompts, "
-                    "after one warm-up prompt): " + ", ".join(f"{v:.3f} at {k} of expert bytes"
-                                                             for k, v in stats["lru_hit_rate"].items()) + ".")
+        lru = dict(stats["lru_hit_rate"])
+        how = lru.pop("decode", "greedy")
+        rows.append(f"LRU hit rate (the engine's per-layer LRU, held-out benchmark prompts decoded {how}, after one "
+                    "warm-up prompt): " + ", ".join(f"{v:.3f} at {k} of expert bytes" for k, v in lru.items()) + ".")
     return "\n".join(rows)
 
 
