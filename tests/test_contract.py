@@ -120,3 +120,16 @@ def test_a_v1_prepare_taking_calibration_counts_fails_at_registration_saying_wha
     line = next(line for line in message.splitlines() if "v1-static" in line or "StaticV1" in line)
     assert "StaticV1.prepare(self, engine, calibration_counts=None) is written against an older contract" in line
     assert "calibration.counts" in line
+
+
+def test_v1_list_idioms_on_choose_victims_candidates_still_work():
+    from specterbench.engine.cache import Candidates, DeviceCache, Slot
+
+    cache = DeviceCache(4)
+    for e in range(4):
+        cache.insert(Slot((0, e), 1, None, None, False))
+    candidates = Candidates(cache, {(0, 1)})  # what choose_victim receives: a live view, v1 passed a list
+    assert candidates[0] == (0, 0) and candidates[-1] == (0, 3) and candidates[:2] == [(0, 0), (0, 2)]
+    assert candidates.index((0, 2)) == 1 and len(candidates) == 3 and (0, 1) not in candidates
+    assert min(candidates, key=lambda k: -k[1]) == (0, 3) and list(reversed(candidates))[0] == (0, 3)
+    assert candidates == [(0, 0), (0, 2), (0, 3)]
