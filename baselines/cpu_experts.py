@@ -1,64 +1,76 @@
-import os
-
+from specterbench.engine.clocks import DEMAND_PRIORITY
+from specterbench.errors import UsageError
 from specterbench.plugins.strategy import FETCH, ON_HOST
 
 from .static import StaticPlacement
+
+RULES = ("balanced", "fiddler")
 
 
 class CpuExperts(StaticPlacement):
     """Fiddler / llama.cpp ``--n-cpu-moe`` / KTransformers: the calibration set's most popular experts stay on
     the device; an expert that is not there runs on the host CPU, where its weights already are, and only the
-    activations cross the link. Per expert and forward, Fiddler's latency model picks host or fetch: host time
-    grows with the tokens the expert serves (a prefill, a K-token verification), a fetch does not.
+    activations cross the link. Per expert and forward a latency rule picks host or fetch, priced by the cost
+    model (``engine.costs``); host time grows with the tokens the expert serves (a prefill, a K-token
+    verification), a fetch does not.
+
+    - ``rule=balanced`` (default; SpecMoEOff, MoE-SpAc): both sides queue-aware — the host's own backlog plus the
+      expert on the host, against the copy behind the demand copies ahead of it plus the device compute;
+    - ``rule=fiddler`` (Fiddler's rule): an idle host against the copy behind everything the link carries.
     """
 
     name = "cpu-experts"
-    version = "1"
+    version = "2"
     description = "Fiddler/llama.cpp: pinned popular experts on device; others computed on the host CPU"
 
     @classmethod
     def option_names(cls):
-        return ("threads",)
+        return ("threads", "rule")
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        if str(options.get("rule", "balanced")) not in RULES:
+            raise UsageError(f"cpu-experts option rule={options.get('rule')!r} is invalid: use one of "
+                             f"{', '.join(RULES)}")
+        try:
+            threads = int(options.get("threads", 1))
+        except (TypeError, ValueError):
+            threads = 0
+        if threads < 1:
+            raise UsageError(f"cpu-experts option threads={options.get('threads')!r} is invalid: use a positive "
+                             f"integer")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.validate_options(options)
+        self.rule = str(options.get("rule", "balanced"))
 
     def attach(self, engine):
         super().attach(engine)
-        clock = engine.clock
-        host = getattr(clock, "host", None)
-        available = host.threads if host is not None else (os.cpu_count() or 1)
+        available = engine.clock.host_threads_available
         wanted = int(self.options.get("threads", available))
         self.warning = None
         if wanted > available:
             self.warning = f"threads={wanted} clamped to the {available} the host has"
             wanted = available
         self.threads = wanted
-        if host is not None:
-            clock.host_threads = wanted
+        engine.host_threads = wanted
         self.host_calls = self.fetch_calls = 0
 
     def host_seconds(self, n_tokens):
-        """Modeled time for the host to serve ``n_tokens`` (activations down and back included)."""
-        engine, clock = self.engine, self.engine.clock
-        g, h, p = engine.geometry, clock.host, clock.profile
-        act = 2 * n_tokens * g.hidden * g.dtype_bytes
-        hop = 2 * (p.link_latency_us * 1e-6 + act / p.link_bytes_per_s)
-        flops = g.layer_scale * 2 * n_tokens * g.expert_params
-        weights = g.layer_scale * g.expert_bytes
-        return hop + h.launch_us * 1e-6 + max(flops / (h.flops_per_s * self.threads / h.threads),
-                                              weights / h.mem_bytes_per_s)
+        """Until the host would hand back ``n_tokens`` through one expert (activations both ways included)."""
+        c = self.engine.costs
+        return c.host_expert_s(n_tokens) + (c.host_backlog_s() if self.rule == "balanced" else 0.0)
 
     def fetch_seconds(self, n_tokens):
-        """Modeled time to copy the expert in behind what the link already carries, then compute it."""
-        engine, clock = self.engine, self.engine.clock
-        g = engine.geometry
-        backlog = max(0.0, clock.link_free_s - clock.now_s) + sum(
-            clock.transfer_seconds(t.nbytes) for t in clock.queued)
-        copy = clock.transfer_seconds(int(g.layer_scale * g.expert_bytes))
-        compute = clock.op_seconds(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_bytes)
-        return backlog + copy + compute
+        """Until the expert would be copied in, behind what the link serves first, and computed."""
+        c = self.engine.costs
+        backlog = c.link_backlog_s(DEMAND_PRIORITY if self.rule == "balanced" else None)
+        return backlog + c.copy_s() + c.expert_s(n_tokens)
 
     def place_miss(self, key, n_tokens):
-        if getattr(self.engine.clock, "host", None) is None:
-            place = ON_HOST  # measured: the host really computes; without a latency model, always use it
+        if self.engine.clock.costs.host is None:
+            place = ON_HOST  # measured without a host profile: the host really computes; always use it
         else:
             place = ON_HOST if self.host_seconds(n_tokens) <= self.fetch_seconds(n_tokens) else FETCH
         if place == ON_HOST:
@@ -68,7 +80,8 @@ class CpuExperts(StaticPlacement):
         return place
 
     def metrics(self):
-        m = {"host_threads": self.threads, "host_calls": self.host_calls, "fetch_calls": self.fetch_calls}
+        m = {"host_threads": self.threads, "host_rule": self.rule, "host_calls": self.host_calls,
+             "fetch_calls": self.fetch_calls}
         if self.warning:
             m["warning"] = self.warning
         return m

@@ -1,282 +1,198 @@
-"""Speculative offloading (Specter, arXiv 2511.14102) and plain speculative decoding over an offloaded cache.
+"""Specter at full strength: speculative offloading with a window governor and hybrid verification.
 
-Both decode with a *self-draft*: the target with its routed experts quantized (4-bit by default) and resident
-on the device, sharing attention, routers, norms, embeddings and shared experts. Each window the draft
-proposes K tokens greedily; the target verifies them in one forward pass, keeps the longest prefix equal to
-its own greedy choices plus one token of its own, and both KV caches roll back to the accepted length.
-Tokens equal the target's greedy tokens.
+The self-draft (the target with its routed experts quantized and resident, see :mod:`.decoding`) runs K tokens
+ahead; its routing over the window is the prefetch plan (:class:`~.planner.LookaheadPlanner`: every expert it
+routed to, earliest layer first, in chunks the link moves during one draft step); the target verifies the K
+tokens in one pass. On top of the artifact:
 
-Specter also plans: the draft's routing over the K steps names the experts the verification will need; the
-top-M per layer (M = cache slots per layer) are prefetched while the draft still runs, earliest-needed first
-(by draft step, then layer; the copy queue serves earlier layers first), in chunks sized by the link bandwidth
-measured so far. ``spec-decode`` is the same decoding with a per-layer LRU cache and no plan.
+- **a governor** (:mod:`.governor`) picks K ∈ {0, 2, …, 32} before each window from the cost model's prices,
+  the cache, the plan's reach and the acceptance observed so far; K = 0 is one plain target step over the same
+  cache (so a budget where speculation does not pay falls back to plain offloaded decoding);
+- **hybrid verification**: an expert the verification misses is computed on the host CPU when that is
+  predicted to finish first, counting the host's own queue against the link's;
+- **a smaller draft**: routed experts at 3 bits, group 128, by default (``--set specter.bits=4`` etc.).
+
+Room is made by evicting experts the draft did not predict (least recently used first), then predicted ones of
+layers the verification has passed, then the one needed last. Tokens are the target's own under greedy and
+sampled decoding.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 
 import torch
 
-from specterbench import Strategy
-from specterbench.baselines.lru import LRU
-from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
+from specterbench.engine.clocks import DEMAND_PRIORITY
+from specterbench.engine.draft import QuantSpec
 from specterbench.errors import UsageError
+from specterbench.plugins.strategy import FETCH, ON_HOST
 
-K_CANDIDATES = (1, 2, 3, 4, 6, 8)
-MAX_K = 64
+from .decoding import MAX_K, SpeculativeDecoding
+from .governor import K_CHOICES, Governor, Shape, WindowCosts
+from .planner import LookaheadPlanner
+
+HOST_CHOICES = ("auto", "off")
+EXPLORE_K = (0, 2, 4, 8, 16, 32, 0, 6, 12, 24)  # depths tried on a calibration prompt to seed the governor
 
 
-def _parse_k(k):
-    if k == "auto":
-        return k
+def parse_specter_k(value):
+    """``k``: 'auto' (the governor) or a fixed depth 0..MAX_K (0: plain decoding over the same cache)."""
+    if value == "auto":
+        return value
     try:
-        k = int(k)
+        k = int(value)
     except (TypeError, ValueError):
-        raise UsageError(f"K must be an integer from 1 to {MAX_K} or 'auto', got {k!r}") from None
-    if not 1 <= k <= MAX_K:
-        raise UsageError(f"K must be from 1 to {MAX_K}, got {k}")
+        k = None
+    if k is None or not 0 <= k <= MAX_K:
+        raise UsageError(f"specter option k={value!r} is out of range: use 'auto' or an integer from 0 to {MAX_K}")
     return k
 
 
-def accepted_prefix(proposals: list[int], greedy: list[int]) -> int:
-    """How many proposals the target accepts: the longest prefix equal to its own greedy choices.
-
-    ``greedy[i]`` is the target's choice after seeing the last accepted token and ``proposals[:i]``; so
-    ``len(greedy) == len(proposals) + 1`` and the window emits ``proposals[:a] + [greedy[a]]``.
-    """
-    a = 0
-    while a < len(proposals) and proposals[a] == greedy[a]:
-        a += 1
-    return a
-
-
-class SpeculativeDecoding(Strategy):
-    """Self-draft speculative decoding over the offloaded cache; subclasses decide what to prefetch."""
-
-    version = "1"
+class Specter(SpeculativeDecoding):
+    name = "specter"
+    version = "3"
+    description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
+                   "governor, 0..32), its routing plans the prefetch, misses run on the host when faster")
+    draft_defaults = {"quantizer": "int", "bits": 3, "blocksize": 128}
 
     @classmethod
     def option_names(cls):
-        return ("k", *QuantSpec.OPTIONS)
+        return ("k", "host", *QuantSpec.OPTIONS)
+
+    parse_depth = staticmethod(parse_specter_k)
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        super().validate_options(options)
+        if str(options.get("host", "auto")) not in HOST_CHOICES:
+            raise UsageError(f"specter option host={options.get('host')!r} is invalid: use one of "
+                             f"{', '.join(HOST_CHOICES)}")
 
     def __init__(self, **options):
         super().__init__(**options)
-        self.k_option = _parse_k(options.get("k", "auto"))
-        self.spec = QuantSpec.from_options(options)
-        self.k = 4 if self.k_option == "auto" else self.k_option
-        self.k_profile: dict[int, float] = {}
+        self.host_option = str(options.get("host", "auto"))
+        self.explore: list[int] = []
 
-    # ---- setup -------------------------------------------------------------------------------------
-    def device_bytes(self, engine):
-        return quantized_bytes(engine, self.spec)
-
-    uses_calibration = True  # the K profiler decodes calibration prompts, never benchmark ones
+    planner = None
+    governor = None
 
     def attach(self, engine):
         super().attach(engine)
-        self.draft = shared_quantized(engine, self.spec)
-        if self.draft.nbytes != self.device_bytes(engine):
-            raise UsageError(f"draft bytes {self.draft.nbytes} differ from the charged estimate "
-                             f"{self.device_bytes(engine)}")
-        self.slots = engine.cache.capacity_bytes // engine.expert_bytes
-        self.reset_metrics()
-        self.begin_window()
+        self.planner = LookaheadPlanner(engine)
+        self.governor = Governor(Shape(engine.num_layers, engine.num_experts, engine.top_k, self.slots))
+        self.host_path = self.host_option == "auto" and engine.clock.costs.host is not None
+        self.host_calls = self.fetch_calls = 0
+        self.forecast = None
+        self.predictions: list[tuple[int, float, float]] = []
 
     def prepare(self, engine, calibration=None):
-        if self.k_option != "auto" or calibration is None:
-            return
-        from specterbench.plugins.strategy import Request
+        self.load_residents(engine, calibration)
+        if self.k_option == "auto" and calibration is not None and calibration.prompts:
+            from specterbench.plugins.strategy import Request
 
-        for k in K_CANDIDATES:
-            self.k = k
-            seconds = tokens = 0
-            for i, ids in enumerate(calibration.prompts[:2]):
-                request = Request(f"k-profile-{i}", ids, 16)
-                engine.begin_request(request)
-                self.generate(engine, request)
-                seconds += sum(s.clock_s for s in engine.samples[1:])  # decode time, after the first token
-                tokens += sum(s.tokens for s in engine.samples[1:])
-            self.k_profile[k] = seconds / max(tokens, 1) * 1e3  # ms per decode token
-        self.k = min(self.k_profile, key=self.k_profile.get)
+            self.explore = list(EXPLORE_K)
+            request = Request("governor-seed", calibration.prompts[0], 2 * sum(EXPLORE_K) // 3 + 8)
+            engine.begin_request(request)
+            self.generate(engine, request)
+            self.explore = []
         self.reset_metrics()
+        self.predictions = []
+        self.host_calls = self.fetch_calls = 0
 
-    def reset_metrics(self):
-        self.windows = self.proposed = self.accepted = 0
-        self.accepted_lengths: list[int] = []
-        self.recalls: list[float] = []
-        self.precisions: list[float] = []
-        self.draft_s = self.total_s = 0.0
+    def load_residents(self, engine, calibration) -> None:
+        """Frequency-aware residency: the cache starts with the calibration set's most popular experts (all
+        slots but one layer's top-k, as cpu-experts pins them); they are given up least popular first."""
+        self.popularity: dict = {}
+        if calibration is None:
+            return
+        counts = calibration.counts.flatten().float()  # [layers * experts]
+        order = torch.argsort(counts, descending=True, stable=True).tolist()
+        self.popularity = {divmod(i, engine.num_experts): rank for rank, i in enumerate(order)}  # 0: most used
+        n = max(0, self.slots - engine.top_k)
+        self.residents = {divmod(i, engine.num_experts) for i in order[:n]}
+        for key in sorted(self.residents):
+            engine.prefetch(key)
 
-    # ---- decoding ----------------------------------------------------------------------------------
-    def generate(self, engine, request):
-        n_new = request.max_new_tokens
-        seq = list(request.prompt_ids)
-        target_kv, draft_kv = engine.new_kv_cache(), engine.new_kv_cache()
-        t0 = engine.clock.now()
-        logits = engine.forward(torch.tensor([seq]), target_kv)
-        out = [int(logits[-1].argmax())]
-        seq.append(out[0])
-        engine.emit(1)
-        self.on_step_end(out)
-        while len(out) < n_new:
-            k = min(self.k, n_new - len(out))
-            self.begin_window()
-            proposals, pending = [], seq[draft_kv.get_seq_length():]
-            d0 = engine.clock.now()
-            for step in range(k):
-                self.draft.routing.clear()
-                t_step = engine.clock.now()
-                dl = engine.forward(torch.tensor([pending]), draft_kv, experts=self.draft)
-                proposals.append(int(dl[-1].argmax()))
-                pending = proposals[-1:]
-                self.after_draft_step(step, self.draft.routing, engine.clock.now() - t_step)
-            self.draft_s += engine.clock.now() - d0
-            self.before_verify()
-            kept = target_kv.get_seq_length()  # all of seq but its last token
-            logits = engine.forward(torch.tensor([[seq[-1]] + proposals]), target_kv, all_logits=True)
-            greedy = logits.argmax(-1).tolist()  # [k + 1]
-            a = accepted_prefix(proposals, greedy)
-            new = (proposals[:a] + [greedy[a]])[: n_new - len(out)]
-            engine.rollback(target_kv, kept + 1 + a)
-            engine.rollback(draft_kv, len(seq) + a)
-            seq.extend(new)
-            out.extend(new)
-            self.windows += 1
-            self.proposed += k
-            self.accepted += a
-            self.accepted_lengths.append(a)
-            self.end_window()
-            engine.emit(len(new))
-            self.on_step_end(new)
-        self.total_s += engine.clock.now() - t0
-        return out
+    residents: frozenset = frozenset()
 
-    # window hooks: the draft's routing, the target's routing during verification
-    def on_request_start(self, request):
-        self.begin_window()  # no stale predictions from the last request's window during this prefill
+    # ---- the governor ------------------------------------------------------------------------------
+    def choose_k(self, remaining: int) -> int:
+        self.window_misses0 = self.engine.stats.misses
+        if self.k_option != "auto":
+            self.forecast = None
+            return min(self.k, remaining)
+        costs = WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path)
+        best, forecasts = self.governor.choose(remaining, costs)
+        if self.explore:  # seeding on a calibration prompt: take the listed depth, still forecast it
+            k = min(self.explore.pop(0), remaining)
+            best = next((f for f in forecasts if f.k == k), None) or self.governor.forecast(k, costs)
+        self.forecast = best
+        return best.k
 
-    def begin_window(self):
-        self.window_draft: dict[int, Counter] = {}
-        self.window_target: dict[int, set] = {}
-        self.verifying = False
+    def begin_window(self, k):
+        super().begin_window(k)
+        if self.planner is not None:
+            self.planner.begin()
 
-    def after_draft_step(self, step, routing, step_s):
-        for layer, experts, counts in routing:
-            self.window_draft.setdefault(layer, Counter()).update(dict(zip(experts, counts)))
+    def on_step_start(self, n_tokens):
+        self.step_tokens = n_tokens
 
-    def before_verify(self):
-        self.verifying = True
+    def end_window(self, k, emitted, window_s):
+        super().end_window(k, emitted, window_s)
+        if k:
+            self.governor.observe_acceptance(k, self.accepted_lengths[-1])
+        if self.forecast is not None:
+            misses = self.engine.stats.misses - self.window_misses0
+            self.governor.observe_window(self.forecast, window_s, misses)
+            self.predictions.append((k, self.forecast.window_s, window_s))
 
-    def before_layer(self, layer, experts, tokens_per_expert):
-        if getattr(self, "verifying", False):
-            self.window_target[layer] = set(experts)
-
-    def predicted(self) -> dict[int, set]:
-        """Per layer, the experts this strategy bet the verification would need."""
-        return {layer: set(c) for layer, c in self.window_draft.items()}
-
-    def end_window(self):
-        pred = self.predicted()
-        hit = sum(len(pred.get(l, set()) & t) for l, t in self.window_target.items())
-        need = sum(len(t) for t in self.window_target.values())
-        bet = sum(len(p) for p in pred.values())
-        if need:
-            self.recalls.append(hit / need)
-        if bet:
-            self.precisions.append(hit / bet)
-        self.verifying = False
-
-    def metrics(self):
-        m = {
-            "k": self.k,
-            "draft_quant": self.spec.label(),
-            "draft_device_bytes": self.draft.nbytes,
-            "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
-            "mean_accepted_tokens": statistics.mean(self.accepted_lengths) if self.accepted_lengths else None,
-            "tokens_per_window": (statistics.mean(self.accepted_lengths) + 1) if self.accepted_lengths else None,
-            "accepted_length_hist": dict(Counter(self.accepted_lengths)),
-            "expert_recall": statistics.mean(self.recalls) if self.recalls else None,
-            "expert_precision": statistics.mean(self.precisions) if self.precisions else None,
-            "draft_time_share": self.draft_s / self.total_s if self.total_s else None,
-        }
-        if self.k_profile:
-            m["k_profile_ms_per_token"] = {str(k): v for k, v in self.k_profile.items()}
-        return m
-
-
-class SpecDecode(SpeculativeDecoding):
-    name = "spec-decode"
-    description = "self-draft speculative decoding (4-bit draft) over a per-layer LRU cache, no prefetch plan"
-
-    def attach(self, engine):
-        super().attach(engine)
-        self._lru = LRU()
-        self._lru.attach(engine)
-
-    def choose_victim(self, candidates, needed):
-        return self._lru.choose_victim(candidates, needed)
-
-
-class Specter(SpeculativeDecoding):
-    """Speculative offloading: the draft's routing over the window is the prefetch plan.
-
-    Every expert the draft routed to in the window is *predicted*; predicted experts are brought in by order of
-    need — layer first (the verification runs layer by layer), then how many draft tokens used them — for as
-    many per layer as the budget allows (top-M), while the draft still runs, in chunks the link can move during
-    one draft step (bandwidth measured from the copies so far). Room is made by evicting experts the draft did
-    not predict (least recently used first), then predicted ones of layers the verification has passed.
-    """
-
-    name = "specter"
-    description = ("speculative offloading: 4-bit self-draft runs K ahead, its routing plans top-M prefetch per "
-                   "layer, target verifies K tokens in one pass")
-
-    def begin_window(self):
-        super().begin_window()
-        self.planned: set[tuple[int, int]] = set()  # issued or found cached this window
-        self.verify_layer = -1
-
-    def waiting(self) -> list[tuple[int, int]]:
-        """Predicted experts not yet planned, earliest needed first."""
-        keys = [(layer, e, n) for layer, counts in self.window_draft.items() for e, n in counts.items()
-                if (layer, e) not in self.planned]
-        return [(layer, e) for layer, e, n in sorted(keys, key=lambda x: (x[0], -x[2], x[1]))]
-
+    # ---- the plan ----------------------------------------------------------------------------------
     def after_draft_step(self, step, routing, step_s):
         super().after_draft_step(step, routing, step_s)
-        engine = self.engine
-        bw = engine.link_bytes_per_s()  # bandwidth-aware chunk: what the link moves during one draft step
-        chunk = None if bw is None or step_s <= 0 else max(1, int(bw * step_s // engine.priced_expert_bytes))
-        self._issue(chunk)
+        self.governor.observe_draft_step(step_s)
+        self.planner.after_step(routing, step_s)
 
     def before_verify(self):
         super().before_verify()
-        self._issue(None)
-
-    def _issue(self, n):
-        engine = self.engine
-        predicted = {(layer, e) for layer, counts in self.window_draft.items() for e in counts}
-        for key in self.waiting()[:n]:
-            if key in engine.cache:
-                engine.cache.touch(key)
-            elif engine.make_room(engine.expert_bytes, protect=predicted, needed=key):
-                engine.prefetch(key, priority=-float(key[0]))  # the verification needs earlier layers first
-            else:
-                return  # the cache holds only predicted experts: the budget allows no more
-            self.planned.add(key)
+        self.planner.issue(None)
 
     def before_layer(self, layer, experts, tokens_per_expert):
         super().before_layer(layer, experts, tokens_per_expert)
         if self.verifying:
             self.verify_layer = layer
+        plain = self.window_k == 0 and getattr(self, "step_tokens", 0) == 1
+        if self.verifying or plain:
+            cache, issued = self.engine.cache, self.planner.issued
+            keys = [(layer, e) for e in experts]
+            before = sum(1 for k in keys if k in cache and k not in issued)
+            predicted = sum(1 for k in keys if k in issued)
+            n = self.window_k + 1
+            self.governor.observe_layer(n, len(keys), before, predicted)
+
+    def place_miss(self, key, n_tokens):
+        """Hybrid verification: the host when it is predicted to finish first, its own queue counted."""
+        if not self.host_path:
+            return FETCH
+        c = self.engine.costs
+        host = c.host_backlog_s() + c.host_expert_s(n_tokens)
+        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n_tokens)
+        if host < fetch:
+            self.host_calls += 1
+            return ON_HOST
+        self.fetch_calls += 1
+        return FETCH
+
+    verify_layer = -1
 
     def choose_victim(self, candidates, needed):
         predicted = self.window_draft
         unpredicted = [k for k in candidates if k[1] not in predicted.get(k[0], ())]
-        if unpredicted:
-            return unpredicted[0]
+        transient = [k for k in unpredicted if k not in self.residents]
+        if transient:  # least recently used first
+            return transient[0]
+        if unpredicted:  # residents the window does not need: least popular first
+            return max(unpredicted, key=lambda k: self.popularity.get(k, 0))
         done = [k for k in candidates if k[0] < self.verify_layer]  # layers the verification has passed
         if done:
             return done[0]
@@ -285,6 +201,26 @@ class Specter(SpeculativeDecoding):
 
     def predicted(self):
         pred: dict[int, set] = {}
-        for layer, e in self.planned:
+        for layer, e in self.planner.planned:
             pred.setdefault(layer, set()).add(e)
         return pred
+
+    def metrics(self):
+        m = super().metrics()
+        g = self.governor
+        m.update({"k": self.k_option, "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
+                  "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
+                  "governor_miss_ms": round(g.miss_s() * 1e3, 4)})
+        if self.predictions:
+            pred = sum(p for _, p, _ in self.predictions)
+            real = sum(r for _, _, r in self.predictions)
+            m["predicted_window_ms_total"] = round(pred * 1e3, 3)
+            m["realised_window_ms_total"] = round(real * 1e3, 3)
+            m["window_prediction_error_mean"] = round(statistics.mean(
+                abs(p - r) / r for _, p, r in self.predictions if r > 0), 4)
+            m["windows_predicted_vs_realised_ms"] = [(k, round(p * 1e3, 3), round(r * 1e3, 3))
+                                                     for k, p, r in self.predictions[:64]]
+        return m
+
+
+__all__ = ["Specter", "K_CHOICES", "parse_specter_k"]

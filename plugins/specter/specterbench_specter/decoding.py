@@ -1,0 +1,266 @@
+"""Self-draft speculative decoding over the offloaded cache, exact under greedy and sampled decoding.
+
+The draft is the target with its routed experts quantized and resident on the device, sharing attention,
+routers, norms, embeddings, shared experts *and the KV cache* with the target (as the artifact does). A window:
+
+1. the draft proposes K tokens, each chosen with the request's sampler at its absolute position
+   (``sampler.pick(draft_logits, p)``: the same Gumbel noise the target will see at ``p``);
+2. the draft's KV entries are dropped and the target verifies ``[last token] + proposals`` in one forward pass;
+   row ``i`` of its logits gives the target's own token at position ``p0 + i`` (``sampler.pick_many``);
+3. the agreeing prefix is accepted plus the target's token at the first disagreement (or a bonus token), and
+   the KV cache is cropped to the accepted length.
+
+Every emitted token is the target's own choice at its position, so the output equals ``engine.decode`` token
+for token in both decode modes. A window of K = 0 is one plain target step over the same cache.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+
+import torch
+
+from specterbench import Strategy
+from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
+from specterbench.errors import BudgetError, UsageError
+
+MAX_K = 32
+
+
+def parse_k(value, allowed: tuple[int, ...] | None = None, auto: bool = True):
+    """``k`` option: ``'auto'`` (when ``auto``) or an integer in 1..MAX_K (or one of ``allowed``)."""
+    choices = f"one of {', '.join(map(str, allowed))}" if allowed else f"an integer from 1 to {MAX_K}"
+    if auto:
+        choices += " or 'auto'"
+    if auto and value == "auto":
+        return value
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"specter option k={value!r} is invalid: use {choices}") from None
+    if (k not in allowed) if allowed else not 1 <= k <= MAX_K:
+        raise UsageError(f"specter option k={k} is out of range: use {choices}")
+    return k
+
+
+def accepted_prefix(proposals: list[int], target: list[int]) -> int:
+    """How many proposals the target accepts: the longest prefix equal to its own tokens.
+
+    ``target[i]`` is the target's token after the last accepted one and ``proposals[:i]``; so
+    ``len(target) == len(proposals) + 1`` and the window emits ``proposals[:a] + [target[a]]``.
+    """
+    a = 0
+    while a < len(proposals) and proposals[a] == target[a]:
+        a += 1
+    return a
+
+
+class SpeculativeDecoding(Strategy):
+    """Self-draft speculative decoding; subclasses choose K, the cache policy and what to prefetch."""
+
+    version = "2"
+    uses_calibration = True
+    draft_defaults: dict = {}  # QuantSpec defaults of this strategy
+    k_candidates: tuple[int, ...] = (1, 2, 3, 4, 6, 8)  # K profiled on calibration prompts when k=auto
+    profile_tokens = 16
+
+    @classmethod
+    def option_names(cls):
+        return ("k", *QuantSpec.OPTIONS)
+
+    @classmethod
+    def parse_depth(cls, value):
+        """The ``k`` option: 'auto' or a depth this strategy allows (UsageError otherwise)."""
+        return parse_k(value)
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        """Every option checked before a model loads (one-line UsageError naming the allowed values)."""
+        unknown = sorted(set(options) - set(cls.option_names()))
+        if unknown:
+            raise UsageError(f"strategy {cls.name!r} has no option(s) {', '.join(unknown)}; it accepts: "
+                             f"{', '.join(cls.option_names())}")
+        cls.parse_depth(options.get("k", "auto"))
+        QuantSpec.from_options(options, **cls.draft_defaults)
+
+    @classmethod
+    def check_budget(cls, engine, budget_bytes: int, options: dict) -> None:
+        """Refuse, in one line naming the smallest budget that works, a budget that cannot hold the draft plus
+        the experts one forward needs."""
+        spec = QuantSpec.from_options(options, **cls.draft_defaults)
+        draft = quantized_bytes(engine, spec)
+        need = draft + engine.min_budget_bytes()
+        if budget_bytes < need:
+            pct = math.ceil(1000 * need / engine.total_expert_bytes) / 10
+            raise BudgetError(f"budget {budget_bytes} bytes cannot hold {cls.name}'s {spec.label()} draft "
+                              f"({draft} bytes) plus the top-{engine.top_k} experts of one layer; the smallest "
+                              f"budget that works is {pct:.1f}% ({need} bytes)")
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.validate_options(options)
+        self.k_option = self.parse_depth(options.get("k", "auto"))
+        self.spec = QuantSpec.from_options(options, **self.draft_defaults)
+        self.k = 4 if self.k_option == "auto" else self.k_option
+        self.k_profile: dict[int, float] = {}
+
+    # ---- setup -------------------------------------------------------------------------------------
+    def device_bytes(self, engine):
+        return quantized_bytes(engine, self.spec)
+
+    def attach(self, engine):
+        super().attach(engine)
+        self.draft = shared_quantized(engine, self.spec)
+        self.slots = engine.cache.capacity_bytes // engine.expert_bytes
+        self.reset_metrics()
+        self.begin_window(0)
+
+    def prepare(self, engine, calibration=None):
+        if self.k_option == "auto" and calibration is not None:
+            self.profile_k(engine, calibration, self.k_candidates)
+        self.reset_metrics()
+
+    def profile_k(self, engine, calibration, candidates):
+        """The artifact's depth profiler: decode calibration prompts at each K, keep the fastest."""
+        from specterbench.plugins.strategy import Request
+
+        for k in candidates:
+            self.k = k
+            tpots = []
+            for i, ids in enumerate(calibration.prompts[:2]):
+                request = Request(f"k-profile-{i}", ids, self.profile_tokens)
+                engine.begin_request(request)
+                self.generate(engine, request)
+                seconds = sum(s.clock_s for s in engine.samples[1:])  # decode time, after the first token
+                tpots.append(seconds / max(1, sum(s.tokens for s in engine.samples[1:])))
+            self.k_profile[k] = statistics.mean(tpots) * 1e3  # mean per-prompt TPOT, ms (as the artifact)
+        self.k = min(self.k_profile, key=self.k_profile.get)
+
+    def reset_metrics(self):
+        self.windows = self.proposed = self.accepted = 0
+        self.accepted_lengths: list[int] = []
+        self.k_hist: Counter = Counter()
+        self.recalls: list[float] = []
+        self.precisions: list[float] = []
+        self.draft_s = self.total_s = 0.0
+
+    # ---- decoding ----------------------------------------------------------------------------------
+    def choose_k(self, remaining: int) -> int:
+        """K for the next window (0: one plain target step)."""
+        return min(self.k, remaining)
+
+    def accept(self, proposals: list[int], target: list[int]) -> int:
+        """How many proposals to keep; exactness rests on this being :func:`accepted_prefix`."""
+        return accepted_prefix(proposals, target)
+
+    def generate(self, engine, request):
+        sampler = request.sampler()
+        n_new = request.max_new_tokens
+        seq = list(request.prompt_ids)  # seq[i] sits at absolute position i
+        kv = engine.new_kv_cache()  # holds every position but the last of seq between windows
+        t0 = engine.clock.now()
+        logits = engine.forward(torch.tensor([seq]), kv)
+        out = [sampler.pick(logits[-1], len(seq))]
+        seq.append(out[0])
+        engine.emit(1)
+        self.on_step_end(out)
+        while len(out) < n_new:
+            k = self.choose_k(n_new - len(out))
+            self.k_hist[k] += 1
+            w0 = engine.clock.now()
+            self.begin_window(k)
+            if k == 0:
+                logits = engine.forward(torch.tensor([seq[-1:]]), kv)
+                new = [sampler.pick(logits[-1], len(seq))]
+            else:
+                new = self._window(engine, sampler, seq, kv, k)[: n_new - len(out)]
+            seq.extend(new)
+            out.extend(new)
+            self.end_window(k, len(new), engine.clock.now() - w0)
+            engine.emit(len(new))
+            self.on_step_end(new)
+        self.total_s += engine.clock.now() - t0
+        return out
+
+    def _window(self, engine, sampler, seq, kv, k) -> list[int]:
+        kept = kv.get_seq_length()  # == len(seq) - 1
+        proposals, last = [], seq[-1]
+        d0 = engine.clock.now()
+        for step in range(k):
+            self.draft.routing.clear()
+            t_step = engine.clock.now()
+            dl = engine.forward(torch.tensor([[last]]), kv, experts=self.draft)
+            last = sampler.pick(dl[-1], len(seq) + step)
+            proposals.append(last)
+            self.after_draft_step(step, self.draft.routing, engine.clock.now() - t_step)
+        self.draft_s += engine.clock.now() - d0
+        engine.rollback(kv, kept)  # the draft's KV entries go; the target writes its own
+        self.before_verify()
+        logits = engine.forward(torch.tensor([[seq[-1]] + proposals]), kv, all_logits=True)  # [k + 1, V]
+        target = sampler.pick_many(logits, len(seq))
+        a = self.accept(proposals, target)
+        engine.rollback(kv, kept + 1 + a)
+        self.windows += 1
+        self.proposed += k
+        self.accepted += a
+        self.accepted_lengths.append(a)
+        return proposals[:a] + [target[a]]
+
+    # ---- window hooks: the draft's routing, the target's routing during verification -----------------
+    def on_request_start(self, request):
+        self.begin_window(0)  # no stale predictions from the last request's window during this prefill
+
+    def begin_window(self, k):
+        self.window_k = k
+        self.window_draft: dict[int, Counter] = {}
+        self.window_target: dict[int, set] = {}
+        self.verifying = False
+
+    def after_draft_step(self, step, routing, step_s):
+        for layer, experts, counts in routing:
+            self.window_draft.setdefault(layer, Counter()).update(dict(zip(experts, counts)))
+
+    def before_verify(self):
+        self.verifying = True
+
+    def before_layer(self, layer, experts, tokens_per_expert):
+        if self.verifying:
+            self.window_target[layer] = set(experts)
+
+    def predicted(self) -> dict[int, set]:
+        """Per layer, the experts this strategy bet the verification would need."""
+        return {layer: set(c) for layer, c in self.window_draft.items()}
+
+    def end_window(self, k, emitted, window_s):
+        if k:
+            pred = self.predicted()
+            hit = sum(len(pred.get(l, set()) & t) for l, t in self.window_target.items())
+            need = sum(len(t) for t in self.window_target.values())
+            bet = sum(len(p) for p in pred.values())
+            if need:
+                self.recalls.append(hit / need)
+            if bet:
+                self.precisions.append(hit / bet)
+        self.verifying = False
+
+    def metrics(self):
+        lengths = self.accepted_lengths
+        m = {
+            "k": self.k,
+            "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
+            "draft_quant": self.spec.label(),
+            "draft_bits_per_weight": round(self.spec.bits_per_weight(), 3),
+            "draft_device_bytes": self.draft.nbytes,
+            "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
+            "mean_accepted_tokens": statistics.mean(lengths) if lengths else None,
+            "tokens_per_window": (statistics.mean(lengths) + 1) if lengths else None,
+            "accepted_length_hist": {str(a): n for a, n in sorted(Counter(lengths).items())},
+            "expert_recall": statistics.mean(self.recalls) if self.recalls else None,
+            "expert_precision": statistics.mean(self.precisions) if self.precisions else None,
+            "draft_time_share": self.draft_s / self.total_s if self.total_s else None,
+        }
+        if self.k_profile:
+            m["k_profile_ms_per_token"] = {str(k): v for k, v in self.k_profile.items()}
+        return m

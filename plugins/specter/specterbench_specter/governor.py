@@ -1,0 +1,169 @@
+"""The window governor (the paper's "Amortization Roofline"): before each window, the time per emitted token of
+every depth K, predicted, and the cheapest taken.
+
+For a window of depth K (K = 0: one plain target step over the same cache) with n = K + 1 verified tokens:
+
+    window_s(K) = K · draft_step_s                         the draft (measured moving average, prior from costs)
+                + verify_compute_s(n)                      dense layers, the union of routed experts, the head
+                + misses(K) · miss_s                       what the cache and the plan do not cover
+    tokens(K)   = 1 + α + … + α^K                          α: the acceptance observed so far (geometric)
+
+Per MoE layer the verification routes to ``union(n) = min(E, k · n^γ)`` experts (γ fitted to the unions
+observed); a share ``hit`` of them is in the cache when the window starts (observed); the plan can bring in at
+most the draft's recall of the rest, what the link moves while the draft runs, and what the layer's share of
+the cache can hold. ``miss_s`` — what one uncovered expert adds to the window — is fitted to the realised
+windows (least squares through the origin on the residual after draft and compute), starting from the cheaper
+of a copy and a host computation. All times are seconds; every forecast and the realised time of the window
+taken are recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+K_CHOICES = tuple(range(0, 33, 2))  # 0, 2, …, 32
+
+
+@dataclass(frozen=True, slots=True)
+class WindowForecast:
+    k: int
+    window_s: float
+    tokens: float
+    misses: float
+
+    @property
+    def per_token_s(self) -> float:
+        return self.window_s / self.tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What the forecast needs of the model and the cache."""
+
+    moe_layers: int
+    experts: int  # routed experts per layer (E)
+    top_k: int
+    slots: int  # expert slots of the whole cache
+
+
+class Governor:
+    """Online statistics and the forecast; :meth:`choose` is the argmin over the allowed depths."""
+
+    def __init__(self, shape: Shape, choices=K_CHOICES, prior_acceptance: float = 0.8, prior_gamma: float = 0.5):
+        self.shape = shape
+        self.choices = tuple(choices)
+        self.accepted, self.rejected = 8.0 * prior_acceptance, 8.0 * (1 - prior_acceptance)  # worth eight trials
+        self.gamma_sum, self.gamma_n = prior_gamma, 1.0
+        self.hit_sum, self.hit_n = 0.5, 1.0  # share of a layer's needed experts cached at the window start
+        self.recall_sum, self.recall_n = 0.8, 1.0  # share of the uncached needed experts the plan predicted
+        self.draft_step_s: float | None = None
+        self.miss_xy, self.miss_xx = 0.0, 0.0  # least squares of residual seconds on misses
+        self.prior_miss_s = 0.0
+        self.log: list[tuple[int, float, float]] = []  # (K, predicted s, realised s) per window taken
+
+    # ---- observations ------------------------------------------------------------------------------
+    @property
+    def acceptance(self) -> float:
+        """Per-token acceptance, the geometric model's estimate: accepted tokens over accepted plus rejections
+        (a window that accepts all K ends without a rejection)."""
+        return min(self.accepted / (self.accepted + self.rejected), 0.995)
+
+    @property
+    def gamma(self) -> float:
+        return self.gamma_sum / self.gamma_n
+
+    def observe_acceptance(self, proposed: int, accepted: int) -> None:
+        self.accepted += accepted
+        self.rejected += 1 if accepted < proposed else 0
+
+    def observe_draft_step(self, seconds: float) -> None:
+        d = self.draft_step_s
+        self.draft_step_s = seconds if d is None else 0.8 * d + 0.2 * seconds
+
+    def observe_layer(self, n_tokens: int, needed: int, cached_before: int, predicted_uncached: int) -> None:
+        """One MoE layer of a verification (or plain step) over ``n_tokens``: how many experts it needed, how
+        many were cached before this window's plan, and how many of the others the plan had predicted."""
+        k = self.shape.top_k
+        if n_tokens > 1 and needed > k:
+            self.gamma_sum += math.log(needed / k) / math.log(n_tokens)
+            self.gamma_n += 1
+        elif n_tokens > 1:
+            self.gamma_n += 1  # the tokens shared every expert: γ ≈ 0
+        if needed:
+            self.hit_sum += cached_before / needed
+            self.hit_n += 1
+            if needed > cached_before and n_tokens > 1:  # a verification: the plan had its say
+                self.recall_sum += predicted_uncached / (needed - cached_before)
+                self.recall_n += 1
+
+    def observe_window(self, forecast: WindowForecast, realised_s: float, misses: int) -> None:
+        """The realised time of a window taken; fits ``miss_s`` on what draft and compute do not explain."""
+        explained = forecast.window_s - forecast.misses * self.miss_s()
+        self.miss_xy += misses * (realised_s - explained)
+        self.miss_xx += misses * misses
+        self.log.append((forecast.k, forecast.window_s, realised_s))
+
+    def miss_s(self) -> float:
+        if self.miss_xx < 4.0:  # too few misses seen to trust the fit
+            return self.prior_miss_s
+        return max(0.0, self.miss_xy / self.miss_xx)
+
+    # ---- the forecast ------------------------------------------------------------------------------
+    def union(self, n_tokens: int) -> float:
+        s = self.shape
+        return min(float(s.experts), s.top_k * n_tokens ** self.gamma)
+
+    def forecast(self, k: int, costs) -> WindowForecast:
+        """``costs``: a :class:`WindowCosts` (prices at the present context)."""
+        s, n = self.shape, k + 1
+        u = self.union(n)
+        hit = self.hit_sum / self.hit_n
+        uncached = u * (1 - hit)
+        draft_s = k * (self.draft_step_s if self.draft_step_s is not None else costs.draft_step_s())
+        planned = 0.0
+        if k:
+            per_layer_room = max(0.0, s.slots / s.moe_layers - u * hit)
+            link_per_layer = draft_s / costs.copy_s() / s.moe_layers if costs.copy_s() > 0 else float("inf")
+            planned = min(uncached * self.recall_sum / self.recall_n, per_layer_room, link_per_layer)
+        misses = s.moe_layers * max(0.0, uncached - planned)
+        compute = costs.verify_s(n, u)
+        a = self.acceptance
+        tokens = min((1 - a ** (k + 1)) / (1 - a), costs.remaining)
+        return WindowForecast(k, draft_s + compute + misses * self.miss_s(), tokens, misses)
+
+    def choose(self, remaining: int, costs) -> tuple[WindowForecast, list[WindowForecast]]:
+        """The cheapest forecast per emitted token among depths that do not overshoot ``remaining`` tokens (K=0
+        always allowed), and every forecast made."""
+        self.prior_miss_s = costs.prior_miss_s()
+        allowed = [k for k in self.choices if k == 0 or k < remaining + 1] or [0]
+        forecasts = [self.forecast(k, costs) for k in allowed]
+        return min(forecasts, key=lambda f: (f.per_token_s, f.k)), forecasts
+
+
+class WindowCosts:
+    """The cost model's prices for one forecast (``engine.costs`` at the present context), per window part."""
+
+    def __init__(self, engine, draft_bytes_ratio: float, remaining: int, host: bool):
+        self.engine, self.ratio, self.remaining, self.host = engine, draft_bytes_ratio, remaining, host
+        self.costs = engine.costs
+        g = engine.geometry
+        self.dense_layers = g.layers - g.moe_layers
+
+    def copy_s(self) -> float:
+        return self.costs.copy_s()
+
+    def draft_step_s(self) -> float:
+        c, e = self.costs, self.engine
+        layer = c.layer_s(1) + c.experts_fused_s([1] * e.top_k, self.ratio)
+        return self.dense_layers * c.layer_s(1, moe=False) + e.num_layers * layer + c.head_s(1)
+
+    def verify_s(self, n_tokens: int, union: float) -> float:
+        c, e = self.costs, self.engine
+        per_expert = max(1, round(n_tokens * e.top_k / max(union, 1.0)))
+        layer = c.layer_s(n_tokens) + union * c.expert_s(per_expert)
+        return self.dense_layers * c.layer_s(n_tokens, moe=False) + e.num_layers * layer + c.head_s(n_tokens)
+
+    def prior_miss_s(self) -> float:
+        copy = self.costs.copy_s()
+        return min(copy, self.costs.host_expert_s(1)) if self.host else copy

@@ -1,0 +1,69 @@
+import pytest
+
+from specterbench_specter.governor import K_CHOICES, Governor, Shape, WindowForecast
+
+
+class FlatCosts:
+    """Prices that do not depend on the engine: a copy, a draft step, and compute linear in tokens."""
+
+    def __init__(self, copy_s=1e-3, draft_s=2e-4, token_s=1e-4, remaining=128):
+        self.copy, self.draft, self.token, self.remaining = copy_s, draft_s, token_s, remaining
+
+    def copy_s(self):
+        return self.copy
+
+    def draft_step_s(self):
+        return self.draft
+
+    def verify_s(self, n_tokens, union):
+        return 1e-3 + n_tokens * self.token + union * 1e-5
+
+    def prior_miss_s(self):
+        return self.copy
+
+
+def governor(**kw):
+    return Governor(Shape(moe_layers=4, experts=16, top_k=2, slots=24), **kw)
+
+
+def test_the_governor_takes_the_depth_its_own_forecast_ranks_cheapest():
+    g = governor()
+    best, forecasts = g.choose(128, FlatCosts())
+    assert [f.k for f in forecasts] == list(K_CHOICES)
+    assert all(best.per_token_s <= f.per_token_s for f in forecasts)
+
+
+def test_no_acceptance_makes_plain_decoding_the_cheapest():
+    g = governor(prior_acceptance=0.0)
+    for _ in range(100):
+        g.observe_acceptance(4, 0)
+    best, _ = g.choose(128, FlatCosts())
+    assert best.k == 0
+
+
+def test_high_acceptance_and_expensive_misses_favour_deep_windows():
+    g = governor(prior_acceptance=0.95)
+    best, _ = g.choose(128, FlatCosts(copy_s=5e-2))
+    assert best.k >= 8
+
+
+def test_depths_never_overshoot_what_is_left_to_decode():
+    _, forecasts = governor().choose(3, FlatCosts(remaining=3))
+    assert max(f.k for f in forecasts) <= 3 and min(f.k for f in forecasts) == 0
+
+
+def test_miss_price_is_fitted_to_realised_windows():
+    g = governor()
+    f = WindowForecast(k=4, window_s=0.01, tokens=3.0, misses=10.0)
+    g.prior_miss_s = 1e-3
+    for _ in range(3):  # each window took 20 ms more than draft and compute explain, over 10 misses
+        g.observe_window(f, 0.01 - 10 * g.miss_s() + 0.02, 10)
+    assert g.miss_s() == pytest.approx(2e-3)
+
+
+def test_union_grows_as_observed():
+    g = governor(prior_gamma=0.5)
+    for _ in range(50):
+        g.observe_layer(9, 2 * 9, 0, 0)  # nine tokens, all different experts: γ = 1
+    assert g.union(9) == pytest.approx(16, abs=1.0)  # capped at E
+    assert g.gamma > 0.9

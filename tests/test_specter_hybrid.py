@@ -1,0 +1,75 @@
+"""The queue-aware host-vs-fetch rule ("balanced") shared by cpu-experts and Specter's hybrid verification."""
+
+import pytest
+
+from specterbench.baselines.cpu_experts import CpuExperts
+from specterbench.engine.clocks import ModeledClock
+from specterbench.engine.engine import Engine
+from specterbench.engine.geometry import project
+from specterbench.engine.models import tiny_random
+from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.errors import UsageError
+from specterbench.plugins.strategy import FETCH, ON_HOST
+from specterbench_specter import Specter
+
+
+@pytest.fixture
+def engine():
+    model, tok = tiny_random("mixtral")
+    e = Engine(model, name="mixtral", tokenizer=tok)
+    e.geometry = project(e.own_geometry, "mixtral")
+    return e
+
+
+def configure(engine, strategy, fraction=0.9):
+    engine.configure(strategy, int(fraction * engine.total_expert_bytes),
+                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+
+
+def busy_host(engine, jobs):
+    op = engine.clock.costs.host_expert(1)
+    for _ in range(jobs):
+        engine.clock.run_on_host(lambda: None, op, engine.host_threads)
+
+
+def test_balanced_counts_the_hosts_own_queue(engine):
+    strategy = CpuExperts()
+    configure(engine, strategy)
+    assert strategy.rule == "balanced"
+    assert strategy.place_miss((0, 3), 1) == ON_HOST  # idle host: its DRAM beats the link for one token
+    busy_host(engine, 8)
+    assert strategy.place_miss((0, 3), 1) == FETCH  # eight experts queued on the host: the link is sooner
+
+
+def test_fiddler_rule_ignores_the_host_queue(engine):
+    strategy = CpuExperts(rule="fiddler")
+    configure(engine, strategy)
+    busy_host(engine, 8)
+    assert strategy.place_miss((0, 3), 1) == ON_HOST
+
+
+def test_balanced_does_not_count_prefetches_a_demand_copy_overtakes(engine):
+    balanced, fiddler = CpuExperts(), CpuExperts(rule="fiddler")
+    configure(engine, balanced)
+    fiddler.engine = engine
+    for i in range(8):
+        engine.clock.issue(("busy", i), 10**9, 0)  # low-priority prefetches: a demand copy goes first
+    one_copy = engine.costs.copy_s() + 10**9 / engine.clock.costs.profile.link_bytes_per_s
+    assert balanced.fetch_seconds(1) < one_copy + engine.costs.copy_s() + 1e-3  # only the copy on the link
+    assert fiddler.fetch_seconds(1) > 7 * 10**9 / engine.clock.costs.profile.link_bytes_per_s
+
+
+def test_unknown_rule_is_named():
+    with pytest.raises(UsageError, match="use one of balanced, fiddler"):
+        CpuExperts(rule="fast")
+
+
+def test_specter_verifies_a_miss_on_the_host_when_it_is_sooner(engine):
+    strategy = Specter(k=2)
+    configure(engine, strategy)
+    assert strategy.place_miss((0, 3), 1) == ON_HOST
+    busy_host(engine, 16)
+    assert strategy.place_miss((0, 3), 1) == FETCH
+    off = Specter(k=2, host="off")
+    configure(engine, off)
+    assert off.place_miss((0, 3), 1) == FETCH
