@@ -3,7 +3,8 @@
 Experts seen once live in a recency list T1, experts seen again in a frequency list T2; each has a ghost list (B1,
 B2) of keys it evicted lately. A routed expert found in a ghost list says which list evicted too early, and moves
 the target size ``p`` of T1 towards it. Eviction takes T1's least recently used expert while T1 is over ``p``,
-else T2's. A walk-through is in docs/plugins.md ("An ARC cache").
+else T2's. Each ghost list keeps at most ``c`` keys (``c``: experts the cache holds), a simplification of the
+paper's ``|T1| + |B1| <= c``. A walk-through is in docs/plugins.md ("An ARC cache").
 """
 
 from collections import OrderedDict
