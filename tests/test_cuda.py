@@ -1,6 +1,8 @@
-"""CUDA path: real copies on a dedicated stream from pinned memory, CUDA events, measured clock.
+"""The measured CUDA path: pinned store, copies on their own stream, device memory within the budget, prefetching
+that really overlaps, NVML bytes that match the ledger, the packed 4-bit draft and host experts beside the device.
 
-Skipped without a CUDA device; run on a GPU machine with ``scripts/gpu_check.sh``.
+Skipped without a CUDA device; ``scripts/gpu_check.sh`` runs them on a GPU. Models are bf16 (what the GPU serves)
+and large enough that expert copies take real time: a random-init Mixtral-layout checkpoint of ~200 MB of experts.
 """
 
 import pytest
@@ -10,6 +12,43 @@ from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
+SLACK_BYTES = 32 * 2**20  # activations, KV cache, logits and allocator rounding of a short decode
+
+
+@pytest.fixture(scope="module")
+def local_model(tmp_path_factory):  # pragma: no cover - needs CUDA
+    from transformers import MixtralConfig
+
+    from specterbench.engine.checkpoint import write_random_checkpoint
+
+    config = MixtralConfig(vocab_size=512, hidden_size=1024, intermediate_size=1536, num_hidden_layers=4,
+                           num_attention_heads=8, num_key_value_heads=2, num_local_experts=8,
+                           num_experts_per_tok=2, max_position_embeddings=512)
+    return write_random_checkpoint(tmp_path_factory.mktemp("ckpt") / "cuda-mixtral", config)
+
+
+@pytest.fixture
+def gpu_host(local_model):  # pragma: no cover - needs CUDA
+    from specterbench.engine.models import register_local_model
+    from specterbench.plugins.host import get_host, reset_host
+
+    reset_host()
+    host = get_host()
+    name = register_local_model(host, local_model)
+    yield host, name
+    reset_host()
+
+
+def run(host, model, strategies, budget="50%", tmp_path=None, clock="measured", **kw):  # pragma: no cover
+    cfg = BenchConfig(models=(model,), strategies=tuple(strategies), budgets=(parse_budget(budget),),
+                      profile="h100-pcie5", clock=clock, device="cuda", prompts=kw.pop("prompts", 2),
+                      tokens=kw.pop("tokens", 12), geometry="own", **kw)
+    return {r.strategy: r for r in Runner(host, cfg, tmp_path).run()}
+
+
+def ok_or_numerics(row) -> bool:  # pragma: no cover - needs CUDA
+    return row.status == "ok" and (row.lossless or "numerics" in str(row.extra.get("divergence", "")))
+
 
 @pytest.mark.parametrize("strategy", ["lru", "on-demand", "oracle", "specter", "cpu-experts"])
 def test_measured_clock_on_cuda_is_lossless_and_counts_copies(host, small_prompts, tmp_path, strategy):
@@ -18,15 +57,100 @@ def test_measured_clock_on_cuda_is_lossless_and_counts_copies(host, small_prompt
     row = Runner(host, cfg, tmp_path).run()[0]
     assert row.status == "ok", row.error
     assert row.clock == "measured" and row.tpot_ms > 0
-    assert row.lossless is True
+    assert ok_or_numerics(row)
     if strategy != "cpu-experts":
         assert row.h2d_bytes > 0
 
 
-def test_store_is_pinned_and_cache_lives_on_the_device(host):
+def test_the_store_is_pinned_and_large_layers_are_registered_in_place(gpu_host):
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import tiny_random
 
-    model, tok = tiny_random("mixtral")
-    engine = Engine(model, name="m", device="cuda", tokenizer=tok)
+    host, name = gpu_host
+    model, tok = host.models().get(name).load()
+    engine = Engine(model, name=name, device="cuda", tokenizer=tok)
     assert all(w.is_pinned() for pair in engine.store.weights.values() for w in pair)
+    assert next(engine.model.parameters()).is_cuda
+
+
+def test_device_memory_stays_within_the_budget_reference_pass_included(gpu_host, tmp_path):
+    host, name = gpu_host
+    torch.cuda.reset_peak_memory_stats()
+    rows = run(host, name, ["lru", "on-demand"], "25%", tmp_path)
+    whole_run_peak = torch.cuda.max_memory_allocated()
+    for row in rows.values():
+        assert row.status == "ok", row.error
+        dense = row.peak_device_bytes - row.peak_cache_bytes
+        assert row.peak_cache_bytes <= row.budget_bytes
+        assert row.peak_device_bytes <= row.budget_bytes + dense + SLACK_BYTES
+    budget = next(iter(rows.values())).budget_bytes
+    total = next(iter(rows.values())).total_expert_bytes
+    assert whole_run_peak < 0.5 * total, "the reference pass put (nearly) every expert on the device"
+    assert whole_run_peak <= budget + SLACK_BYTES + max(r.peak_device_bytes - r.peak_cache_bytes
+                                                        for r in rows.values())
+
+
+def test_prefetching_stalls_less_than_on_demand(gpu_host, tmp_path):
+    host, name = gpu_host
+    rows = run(host, name, ["on-demand", "oracle"], "50%", tmp_path, tokens=16)
+    demand, oracle = rows["on-demand"], rows["oracle"]
+    assert demand.status == oracle.status == "ok"
+    assert oracle.stall_ms_per_token < demand.stall_ms_per_token, (oracle.stall_ms_per_token,
+                                                                    demand.stall_ms_per_token)
+    assert oracle.h2d_bytes < demand.h2d_bytes
+
+
+def test_nvml_counts_what_the_ledger_counts(gpu_host, tmp_path):
+    host, name = gpu_host
+    row = run(host, name, ["on-demand"], "25%", tmp_path, tokens=16)["on-demand"]
+    assert row.status == "ok", row.error
+    if row.nvml_h2d_bytes is None:
+        pytest.skip(f"NVML gave no bytes: {row.nvml_note}")
+    ratio = row.nvml_h2d_bytes / row.h2d_bytes
+    assert 0.9 <= ratio <= 1.3, f"NVML/ledger = {ratio:.3f} ({row.extra.get('nvml_source')})"
+
+
+def test_copies_from_the_store_run_at_pinned_speed(gpu_host):
+    from specterbench.engine.engine import Engine
+
+    host, name = gpu_host
+    model, tok = host.models().get(name).load()
+    engine = Engine(model, name=name, device="cuda", tokenizer=tok)
+    pinned = engine.store.weights[(0, 0)][0]
+    dst = torch.empty_like(pinned, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(pinned, non_blocking=True)
+    end.record()
+    end.synchronize()
+    gbps = 10 * pinned.nbytes / (start.elapsed_time(end) / 1e3) / 1e9
+    assert gbps > 5, f"pinned copies from the store run at {gbps:.1f} GB/s: not pinned?"
+
+
+def test_the_4bit_draft_computes_with_packed_kernels(gpu_host):
+    from specterbench.engine.draft import QuantizedExperts, QuantSpec, roundtrip
+    from specterbench.engine.engine import Engine
+
+    host, name = gpu_host
+    model, tok = host.models().get(name).load()
+    engine = Engine(model, name=name, device="cuda", tokenizer=tok)
+    before = torch.cuda.memory_allocated()
+    draft = QuantizedExperts(engine, QuantSpec(bits=4, quant_type="nf4", blocksize=64))
+    held = torch.cuda.memory_allocated() - before
+    assert draft.packed_kernels and not draft.dense
+    assert held <= 1.1 * draft.nbytes + SLACK_BYTES  # packed nibbles and absmax only, no 16-bit copy kept
+    x = torch.randn(1, engine.store.weights[(0, 0)][0].shape[1], device="cuda", dtype=torch.bfloat16)
+    w = engine.store.weights[(0, 0)][0].to("cuda")
+    want = torch.nn.functional.linear(x.float(), roundtrip(w.float(), draft.spec))
+    got = draft._linear(x, (0, 0), 0).float()
+    assert torch.allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_cpu_experts_run_host_experts_beside_the_device_with_their_threads(gpu_host, tmp_path):
+    host, name = gpu_host
+    rows = run(host, name, ["cpu-experts"], "25%", tmp_path, strategy_options={"cpu-experts": {"threads": 2}})
+    row = rows["cpu-experts"]
+    assert row.status == "ok", row.error
+    assert ok_or_numerics(row)
+    assert row.host_experts > 0
+    assert row.extra["host_threads"] == 2

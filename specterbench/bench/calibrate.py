@@ -25,6 +25,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -336,3 +337,23 @@ def cmd_calibrate(args) -> int:
           f"{h.threads} threads, {h.launch_us:.1f} us dispatch")
     print(f"written: {path}  (use: --profile {path})")
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m specterbench.bench.calibrate …`` (the same as ``specterbench calibrate …``)."""
+    import argparse
+
+    from specterbench.errors import SpecterbenchError
+
+    parser = argparse.ArgumentParser(prog="specterbench")
+    add_calibrate_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["calibrate", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except SpecterbenchError as err:
+        print(f"specterbench: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -192,3 +192,23 @@ def cmd_validate(args) -> int:
                                           for c in comparisons):
         return 1
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m specterbench.bench.validate …`` (the same as ``specterbench validate …``)."""
+    import argparse
+
+    from specterbench.errors import SpecterbenchError
+
+    parser = argparse.ArgumentParser(prog="specterbench")
+    add_validate_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except SpecterbenchError as err:
+        print(f"specterbench: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
