@@ -5,7 +5,8 @@ What is measured (medians over repetitions, after a warm-up; CUDA timings with e
 
 - **link**: host→device copies from pinned memory of 64 KiB … 64 MiB (on a CPU-only machine: host→host
   copies, the "link" of the host-wall engine). A least-squares fit ``t = latency + bytes / bandwidth`` over the
-  sizes gives ``link_latency_us`` and ``link_bytes_per_s``; the curve itself is kept under ``[measured]``;
+  sizes (relative error, so small and large copies
+  count alike) gives ``link_latency_us`` and ``link_bytes_per_s``; the curve itself is kept under ``[measured]``;
 - **launch overhead**: back-to-back tiny kernels (a [1, 64] x [64, 64] linear), per launch → ``launch_us``;
 - **compute at decode shapes**: ``x @ W.T`` with ``W`` [I, H] in the run's dtype — one token (gemv, memory
   bound) gives ``mem_bytes_per_s`` (weight bytes / time); 64 tokens (a verification or prefill block) give
@@ -77,14 +78,20 @@ class _Timer:
 
 
 def fit_link(sizes, seconds) -> tuple[float, float]:
-    """Least-squares ``t = a + b·bytes`` → ``(latency_s, bytes_per_s)``; latency clamped at 0.1 µs."""
-    n = len(sizes)
-    mx, my = sum(sizes) / n, sum(seconds) / n
-    sxx = sum((x - mx) ** 2 for x in sizes)
-    b = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx if sxx else my / mx
+    """Fit ``t = a + b·bytes`` minimising *relative* error (weights 1/t², so the small copies that fix the
+    latency count as much as the large ones that fix the bandwidth) → ``(latency_s, bytes_per_s)``; the latency
+    is clamped at 0.1 µs."""
+    w = [1.0 / (t * t) for t in seconds]
+    sw = sum(w)
+    sx = sum(wi * x for wi, x in zip(w, sizes))
+    sy = sum(wi * y for wi, y in zip(w, seconds))
+    sxx = sum(wi * x * x for wi, x in zip(w, sizes))
+    sxy = sum(wi * x * y for wi, x, y in zip(w, sizes, seconds))
+    det = sw * sxx - sx * sx
+    b = (sw * sxy - sx * sy) / det if det else seconds[-1] / sizes[-1]
     if b <= 0:  # noise on a tiny curve: bandwidth from the largest copy
         b = seconds[-1] / sizes[-1]
-    a = my - b * mx
+    a = (sy - b * sx) / sw
     return max(a, 1e-7), 1.0 / b
 
 
@@ -178,7 +185,7 @@ def calibrate(device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.
         flops_per_s=compute["block64_flops_per_s"], mem_bytes_per_s=compute["gemv_bytes_per_s"],
         link_bytes_per_s=link["link_bytes_per_s"], link_latency_us=link["link_latency_us"],
         launch_us=launch_s * 1e6, device_memory_bytes=memory,
-        sources=(how, "link: least-squares fit of pinned copies, 64 KiB-64 MiB" if device.type == "cuda" else
+        sources=(how, "link: relative least-squares fit of pinned copies, 64 KiB-64 MiB" if device.type == "cuda" else
                  "link: host-to-host copies (no device on this machine)",
                  f"compute: {compute['shape']} weight, gemv for bandwidth, 64-token block for FLOP/s"))
     host_profile = HostProfile(
