@@ -113,7 +113,8 @@ REAL_PRESETS: dict[str, tuple[tuple[str, ...], str]] = {
     "phi-moe": (("microsoft/Phi-3.5-MoE-instruct",), "phimoe"),
 }
 
-EMBEDDED_STAND_IN = {"mixtral": "tiny-mixtral", "phi-moe": "tiny-mixtral"}  # others: the fine-grained one
+EMBEDDED_STAND_IN = {"mixtral": "tiny-mixtral", "phi-moe": "tiny-mixtral",  # others: the fine-grained one
+                     "deepseek-v2-lite": "tiny-deepseek"}
 
 
 def resolve_checkpoint(preset: str) -> "Path":
@@ -138,7 +139,10 @@ def resolve_checkpoint(preset: str) -> "Path":
             return Path(snapshot_download(repo_id, local_files_only=True))
         except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
             looked.append(f"{constants.HF_HUB_CACHE} ({repo_id})")
+    from specterbench.embedded import EMBEDDED_MODELS
+
     stand_in = EMBEDDED_STAND_IN.get(preset, "tiny-qwen-moe")
+    stand_in = stand_in if stand_in in EMBEDDED_MODELS else "tiny-qwen-moe"
     raise ModelError(
         f"{preset}: no local checkpoint of {' or '.join(repo_ids)}; looked in {'; '.join(looked)}. Download it "
         f"where there is network (`huggingface-cli download {repo_ids[0]}`) and pass --model-path DIR or set "
@@ -153,6 +157,15 @@ def load_checkpoint(path, dtype=torch.bfloat16):
 
     model, tokenizer = load(path, dtype)
     return model.eval(), tokenizer
+
+
+def check_model_path(path) -> None:
+    """Cheap checks of a checkpoint folder before anything loads: config.json parses, the family is supported,
+    weight files are there. Raises a one-line :class:`ModelError`."""
+    from specterbench.engine.checkpoint import read_config, weight_files
+
+    read_config(path)
+    weight_files(path)
 
 
 def local_spec(path) -> ModelSpec:
@@ -206,9 +219,8 @@ def preset_specs() -> list[ModelSpec]:
 def embedded_specs() -> list[ModelSpec]:
     from specterbench import embedded
 
-    families = {"tiny-mixtral": "mixtral", "tiny-qwen-moe": "qwen2_moe"}
-    counterparts = {"tiny-mixtral": "mixtral", "tiny-qwen-moe": "qwen-moe"}
-    return [ModelSpec(name=name, family=families.get(name, "?"), kind="embedded", geometry=counterparts.get(name),
+    return [ModelSpec(name=name, family=embedded.STAND_INS[name].family, kind="embedded",
+                      geometry=embedded.STAND_INS[name].geometry,
                       description="trained by the project on public-domain Shakespeare; ships in the package",
                       load=lambda name=name: embedded.load(name))
             for name in embedded.EMBEDDED_MODELS]
