@@ -147,3 +147,39 @@ def test_the_routing_recorder_keeps_each_layer_calls_experts(engine):
     assert engine.stop_recording() is rec and engine.recorder is None
     assert rec.trace == [(0, (0, 1, 5)), (1, (2, 3))]
     assert rec.counts[0].tolist() == [1, 2, 0, 0, 0, 1, 0, 0]
+
+
+def test_the_runner_ends_the_warm_up_before_the_measured_requests(host, small_prompts, tmp_path):
+    from specterbench import hookimpl
+    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+
+    class Counting(Strategy):
+        name, version = "contract-warmup", "1"
+
+        def attach(self, engine):
+            super().attach(engine)
+            self.requests, self.flags, self.ended = 0, [], 0
+
+        def on_request_start(self, request):
+            self.requests += 1
+            self.flags.append(self.engine.warming_up)
+
+        def on_warmup_end(self):
+            self.ended += 1
+            self.requests = 0  # what metrics() reports restarts here
+
+        def metrics(self):
+            return {"requests": self.requests, "ended": self.ended, "flags": self.flags}
+
+    class Plugin:
+        @hookimpl
+        def specterbench_register_strategies(self, register):
+            register(Counting)
+
+    host.register(Plugin(), "contract-warmup")
+    config = BenchConfig(models=("tiny-random-mixtral",), strategies=("contract-warmup",),
+                         budgets=(parse_budget("50%"),), profile="a100-40g-pcie4", prompts=2, tokens=2)
+    (row,) = Runner(host, config, tmp_path).run()
+    assert row.status == "ok", row.error
+    assert row.extra["ended"] == 1 and row.extra["requests"] == 2  # the warm-up request is not counted
+    assert row.extra["flags"] == [True, False, False]  # engine.warming_up during the warm-up request only
