@@ -167,9 +167,10 @@ class Engine:
         self.samples.append(StepSample(n_tokens, now[0] - self._mark[0], now[1] - self._mark[1]))
         self._mark = now
 
-    def decode(self, request: Request) -> list[int]:
-        """Autoregressive decoding of ``request``, one token per forward, tokens chosen by its sampler."""
-        sampler = request.sampler()
+    def decode(self, request: Request, sampler=None) -> list[int]:
+        """Autoregressive decoding of ``request``, one token per forward, tokens chosen by ``sampler`` (default: a
+        fresh ``request.sampler()``; pass one made with ``record_margins=True`` to keep each token's margin)."""
+        sampler = sampler if sampler is not None else request.sampler()
         position = len(request.prompt_ids)  # absolute position of the next token
         kv = self.new_kv_cache()
         logits = self.forward(torch.tensor([request.prompt_ids]), kv)

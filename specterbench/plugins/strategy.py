@@ -48,9 +48,10 @@ class Request:
     reference_trace: tuple[tuple[int, tuple[int, ...]], ...] | None = None  # (moe_layer, experts) per layer call
     decode: DecodeSetting = GREEDY
 
-    def sampler(self) -> TokenSampler:
-        """The token chooser of this request (position 0 is the first prompt token)."""
-        return self.decode.sampler(self.id)
+    def sampler(self, record_margins: bool = False) -> TokenSampler:
+        """The token chooser of this request (position 0 is the first prompt token); ``record_margins`` keeps the
+        top-2 score gap of every chosen token in ``sampler.margins`` (the reference pass uses it)."""
+        return self.decode.sampler(self.id, record_margins)
 
 
 # Where a missed expert runs (:meth:`Strategy.place_miss`).
