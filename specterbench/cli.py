@@ -88,7 +88,7 @@ def run_config(args, host):
     strategies = host.strategies().names() if args.strategies in ("all", "") else _csv(args.strategies)
     config = BenchConfig(
         models=_csv(args.model), strategies=tuple(strategies),
-        budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile, clock=args.clock,
+        budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile_name, clock=args.clock,
         geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
@@ -101,9 +101,9 @@ def run_config(args, host):
     return config
 
 
-def _run_folder(args, argv: list[str]) -> Path:
+def _run_folder(args, argv: list[str], host) -> Path:
     """The run folder; with ``--resume`` the saved options of ``run.json`` are restored into ``args`` (an
-    explicit option that differs is refused)."""
+    explicit option that differs is refused). Local files (``--profile PATH``, ``--model-path``) are registered."""
     from specterbench.bench import rundir
 
     if args.resume:
@@ -115,11 +115,36 @@ def _run_folder(args, argv: list[str]) -> Path:
         explicit = rundir.explicit_dests(argv, [d for d in options if d not in rundir.NOT_SAVED])
         for key, value in rundir.resume_options(run_dir, options, explicit).items():
             setattr(args, key, value)
+        _local_files(args, host, argv)
         return run_dir
-    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + _csv(args.model)[0]
+    _local_files(args, host, argv)
+    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + _csv(args.model)[0].replace("local:", "")
     if "/" in run_id or run_id in ("", ".", ".."):
         raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")
     return Path(args.out) / run_id
+
+
+def _local_files(args, host, argv: list[str]) -> None:
+    """``--profile PATH`` (a calibrated profile file) and ``--model-path DIR``: a local checkpoint, run as
+    ``local:<folder>`` when ``--model`` is not given, or the files of a named preset (``--model mixtral``)."""
+    from specterbench.bench import rundir
+    from specterbench.bench.calibrate import is_profile_path, register_profile_file
+
+    args.profile_name = args.profile  # run.json keeps the path; the run uses the registered name
+    if is_profile_path(args.profile):
+        args.profile_name, host_profile = register_profile_file(host, args.profile)
+        if host_profile and "host_profile" not in rundir.explicit_dests(argv, ["host_profile"]):
+            args.host_profile = host_profile
+    if not args.model_path:
+        return
+    from specterbench.engine.models import MODEL_PATH_ENV, register_local_model
+
+    if "model" in rundir.explicit_dests(argv, ["model"]) and not args.model.startswith("local:"):
+        import os
+
+        os.environ[MODEL_PATH_ENV] = args.model_path
+    else:
+        args.model = register_local_model(host, args.model_path)
 
 
 def _writable(run_dir: Path) -> None:
@@ -139,13 +164,8 @@ def cmd_run(args) -> int:
     from specterbench.bench.runner import Runner
 
     host = get_host()
-    run_dir = _run_folder(args, getattr(args, "argv", []))
-    if args.model_path:
-        import os
-
-        from specterbench.engine.models import MODEL_PATH_ENV
-
-        os.environ[MODEL_PATH_ENV] = args.model_path
+    argv = getattr(args, "argv", [])
+    run_dir = _run_folder(args, argv, host)
     config = run_config(args, host)
     _writable(run_dir)
     with rundir.RunLock(run_dir):
@@ -257,23 +277,16 @@ def cmd_compare(args) -> int:
     return 0
 
 
-def cmd_gate(args) -> int:
-    from specterbench.analysis.gate import DEFAULT_RULES, load_reference, load_rules, parse_rule, render, run_gate
-    from specterbench.bench.results import read_rows
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (``specterbench run: error: …; see specterbench run --help``), exit 2, like
+    every other bad input; subcommand parsers inherit it."""
 
-    rules = [parse_rule(t) for t in args.rule or []]
-    if args.rules or not rules:
-        rules = list(load_rules(args.rules or DEFAULT_RULES)) + rules
-    rows = read_rows(_run_folder_arg(args.run_dir), on_error=args.on_error)
-    needs_reference = any(r.needs_reference for r in rules)
-    reference = load_reference(args.reference, on_error=args.on_error) if needs_reference else []
-    result = run_gate(rows, reference, rules)
-    print(render(result, passes=not args.failures_only), end="")
-    return result.exit_code
+    def error(self, message: str):
+        self.exit(2, f"specterbench: error: {self.prog}: {message}; see {self.prog} --help\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specterbench", description="Benchmark MoE expert-offloading strategies.")
+    p = Parser(prog="specterbench", description="Benchmark MoE expert-offloading strategies.")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -287,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run strategies side by side and write results/<run-id>/")
     s.add_argument("--model", default="tiny-qwen-moe", help="model name(s), comma-separated")
-    s.add_argument("--model-path", help="local checkpoint directory for a real preset (mixtral, qwen-moe, ...)")
+    s.add_argument("--model-path", help="a local checkpoint directory of a supported family: run alone (as "
+                   "local:<folder>), or the files of a named preset (--model mixtral)")
     s.add_argument("--strategies", "--strategy", dest="strategies", default="all",
                    help="comma-separated names, or 'all'")
     s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
@@ -343,15 +357,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
     s.set_defaults(func=cmd_compare)
 
-    s = sub.add_parser("gate", help="check a run against rules and the committed reference; exit 1 on failure")
-    s.add_argument("run_dir")
-    s.add_argument("--reference", default="results/reference")
-    s.add_argument("--rules", help="TOML rules file (default results/reference/gate.toml)")
-    s.add_argument("--rule", action="append", help="a rule, e.g. 'speedup strategy=specter over=best-other "
-                   "metric=tpot_ms min=1.5' (repeatable)")
-    s.add_argument("--failures-only", action="store_true")
-    s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
-    s.set_defaults(func=cmd_gate)
+    from specterbench.analysis.gate import add_parser as add_gate_parser
+    from specterbench.bench.calibrate import add_calibrate_parser
+    from specterbench.bench.validate import add_validate_parser
+    from specterbench.embedded.realism import add_realism_parser
+
+    add_gate_parser(sub)
+    add_calibrate_parser(sub)
+    add_validate_parser(sub)
+    add_realism_parser(sub)
     for command in sub.choices.values():  # --debug after the subcommand too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
     return p

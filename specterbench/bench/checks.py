@@ -7,28 +7,11 @@ from __future__ import annotations
 from specterbench.errors import UsageError
 from specterbench.plugins.host import closest
 
-DEVICE_TYPES = ("cpu", "cuda")
-
-
 def check_device(text: str) -> None:
-    """A device this machine has: ``cpu``, or ``cuda``/``cuda:N`` with CUDA available and ``N`` < device count."""
-    import torch
+    """A device this machine has (``cpu``; ``cuda``/``cuda:N`` only with such a device): one line otherwise."""
+    from specterbench.bench.calibrate import check_device as device_here
 
-    try:
-        device = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"unknown device {text!r}; use one of {', '.join(DEVICE_TYPES)} (or cuda:N)") from None
-    if device.type == "cpu":
-        return
-    if device.type != "cuda":
-        raise UsageError(f"device {text!r} is not supported; use one of {', '.join(DEVICE_TYPES)} (or cuda:N)")
-    if not torch.cuda.is_available():
-        raise UsageError(f"--device {text}: this machine has no CUDA device (torch {torch.__version__}, CUDA "
-                         f"{torch.version.cuda or 'not built'}); use --device cpu (the modeled clock prices a GPU)")
-    count = torch.cuda.device_count()
-    if device.index is not None and device.index >= count:
-        raise UsageError(f"--device {text}: this machine has {count} CUDA device(s) (cuda:0..cuda:{count - 1}); "
-                         f"pick one of them")
+    device_here(text)
 
 
 def check_workload_size(workload: str, wanted: int, texts) -> None:

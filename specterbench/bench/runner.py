@@ -358,7 +358,8 @@ class Runner:
                 outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
                 all_samples.append(list(engine.samples))
             self._fill_metrics(row, engine, strategy, all_samples)
-            self._check_tokens(row, outputs, reference, cls.lossless)
+            self._check_tokens(row, outputs, reference, cls.lossless,
+                               numerics=(dict(prompts), engine.compute_dtype, cfg.decode))
         except KeyboardInterrupt:
             raise
         except Exception as err:  # one strategy's failure is its row's, never the run's
@@ -408,7 +409,12 @@ class Runner:
         row.extra.update(strategy.metrics())
 
     @staticmethod
-    def _check_tokens(row: ResultRow, outputs, reference: Reference, lossless: bool) -> None:
+    def _check_tokens(row: ResultRow, outputs, reference: Reference, lossless: bool, numerics=None) -> None:
+        """Token agreement with the reference; a lossless strategy's first divergence fails its row, unless
+        (given ``numerics`` = (prompt ids by id, compute dtype, decode setting)) the reference's top-2 margin there
+        is below the compute dtype's rounding: then it is numerics, noted in ``extra``, and the row stays ok."""
+        from specterbench.bench.numerics import classify_divergence
+
         same = total = 0
         first = None
         for pid, toks in outputs.items():
@@ -426,6 +432,15 @@ class Runner:
         row.lossless = first is None
         row.first_divergence = first
         if lossless and first is not None:
+            note = None
+            if numerics is not None:
+                prompt_ids, dtype, decode = numerics
+                note = classify_divergence(reference.margins.get(first["prompt"]),
+                                           len(prompt_ids[first["prompt"]]) + first["position"], dtype,
+                                           decode.temperature if decode.mode == "sample" else None)
+            if note is not None:
+                row.extra["divergence"] = note
+                return
             row.status = "diverged"
             row.error = (f"tokens differ from the reference at prompt {first['prompt']} position "
                          f"{first['position']}: got {first['got']}, expected {first['expected']}")

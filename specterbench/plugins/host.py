@@ -20,7 +20,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
-import inspect
 import os
 import sys
 from dataclasses import dataclass
@@ -251,46 +250,12 @@ class PluginHost:
 
 
 def check_strategy(cls, plugin: PluginInfo) -> None:
-    """Refuse, in one line, a strategy class the engine would call wrongly: not a :class:`Strategy`, a method
-    whose name is a near miss of a decision point (``choose_victm``), or a decision point that cannot take the
-    engine's positional arguments."""
-    from specterbench.plugins.strategy import Strategy
+    """Refuse, in one line, a strategy class the engine would call wrongly (see :mod:`specterbench.plugins.checks`:
+    not a Strategy, a misspelled decision point or attribute, a decision point that cannot take the engine's
+    arguments, a decision point whose contract changed)."""
+    from specterbench.plugins.checks import check_strategy as check
 
-    where = f"plugin {plugin.name!r}"
-    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise PluginError(f"{where} registered {cls!r}, which is not a specterbench.Strategy subclass")
-    points = {n: v for n, v in vars(Strategy).items() if not n.startswith("_") and _function(v) is not None}
-    for klass in cls.__mro__[: cls.__mro__.index(Strategy)]:
-        for attr, value in vars(klass).items():
-            func = _function(value)
-            if attr.startswith("_") or func is None:
-                continue
-            label = f"{where}: strategy {cls.name or cls.__name__!r} method {attr}"
-            if attr in points:
-                base = inspect.signature(_function(points[attr]))
-                try:
-                    inspect.signature(func).bind(*base.parameters)  # self (or cls) and each argument
-                except TypeError:
-                    raise PluginError(f"{label}{_params(inspect.signature(func))} cannot take the decision "
-                                      f"point's arguments {_params(base)}") from None
-                except ValueError:  # no signature (a builtin): nothing to check
-                    continue
-                continue
-            near = difflib.get_close_matches(attr, list(points), n=1, cutoff=0.85)
-            if near:
-                raise PluginError(f"{label} is not a decision point and would never be called; did you mean "
-                                  f"{near[0]!r}? (rename it, or give a helper a name unlike a decision point)")
-
-
-def _params(sig: inspect.Signature) -> str:
-    return f"({', '.join(str(p.replace(annotation=p.empty)) for p in sig.parameters.values())})"
-
-
-def _function(value):
-    """The plain function of a method, classmethod or staticmethod in a class ``__dict__``; None otherwise."""
-    if isinstance(value, (classmethod, staticmethod)):
-        return value.__func__
-    return value if inspect.isfunction(value) else None
+    check(cls, plugin.name)
 
 
 def _import(name: str, target: str, load):
