@@ -118,3 +118,42 @@ def test_the_loaded_model_computes_what_transformers_computes(checkpoint):
     reference = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, local_files_only=True)
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     assert torch.equal(model(ids).logits, reference(ids).logits)
+
+
+def test_the_command_line_runs_a_local_checkpoint_from_its_path_alone(checkpoint, tmp_path, small_prompts, capsys):
+    from specterbench.cli import main
+    from specterbench.plugins.host import reset_host
+
+    reset_host()
+    try:
+        code = main(["run", "--model-path", str(checkpoint), "--strategies", "lru", "--budgets", "50%",
+                     "--prompts", "1", "--tokens", "2", "--no-warmup", "--quiet", "--out", str(tmp_path / "r"),
+                     "--run-id", "x"])
+    finally:
+        reset_host()
+    assert code == 0, capsys.readouterr().err
+    assert "local:my-moe" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", ["config", "weights", "family"])
+def test_the_command_line_answers_a_bad_model_path_in_one_line_with_exit_2(checkpoint, tmp_path, damage, capsys):
+    from specterbench.cli import main
+    from specterbench.plugins.host import reset_host
+
+    if damage == "config":
+        (checkpoint / "config.json").write_text("{not json")
+    elif damage == "weights":
+        for f in checkpoint.glob("*.safetensors*"):
+            f.unlink()
+    else:
+        cfg = json.loads((checkpoint / "config.json").read_text())
+        (checkpoint / "config.json").write_text(json.dumps({**cfg, "model_type": "llama"}))
+    reset_host()
+    try:
+        code = main(["run", "--model-path", str(checkpoint), "--strategies", "lru", "--out", str(tmp_path / "r")])
+    finally:
+        reset_host()
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert {"config": "corrupt JSON", "weights": "no weights", "family": "'llama'"}[damage] in err
