@@ -105,3 +105,20 @@ def test_the_command_prints_the_curve_and_writes_the_file(tmp_path, capsys, monk
     out = capsys.readouterr().out
     assert "GB/s" in out and "launch:" in out and "host experts:" in out
     assert isinstance(cal.load_profile_file(tmp_path / "p.toml")[0], HardwareProfile)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate", "--device", "cuda:7"], "--device cuda:7"),
+    (["validate", "--profile", "nowhere.toml", "--device", "cpu"], "no such file"),
+    (["run", "--profile", "nowhere.toml", "--model", "tiny-random-mixtral"], "no such file"),
+])
+def test_the_command_line_answers_bad_devices_and_profile_files_in_one_line(argv, message, capsys, tmp_path,
+                                                                            monkeypatch):
+    from specterbench.cli import main
+
+    if argv[0] == "calibrate" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
