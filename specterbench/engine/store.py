@@ -38,7 +38,7 @@ def _register_in_place(tensors: list[torch.Tensor]) -> list[torch.Tensor]:  # pr
     cudart = torch.cuda.cudart()
     done = []
     for t in tensors:
-        if _nbytes(t) < REGISTER_MIN_BYTES or t.is_pinned():
+        if _nbytes(t) < REGISTER_MIN_BYTES:
             continue
         err = cudart.cudaHostRegister(t.data_ptr(), _nbytes(t), 0)
         if int(err) == 0:
@@ -50,6 +50,24 @@ def _unregister(tensors: list[torch.Tensor]) -> None:  # pragma: no cover - need
     cudart = torch.cuda.cudart()
     for t in tensors:
         cudart.cudaHostUnregister(t.data_ptr())
+
+
+def _copy_to_pinned(t: torch.Tensor) -> torch.Tensor:  # pragma: no cover - needs CUDA
+    return t.pin_memory()
+
+
+def pin_layer(fused: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """A layer's fused tensors in pinned memory: large ones registered in place, the rest copied (the caller
+    drops the unpinned originals). Returns ``(pinned tensors, the registered ones, how many were copied)``."""
+    registered = _register_in_place(fused)
+    out, copied = [], 0
+    for t in fused:
+        if any(t is r for r in registered):
+            out.append(t)
+        else:
+            out.append(_copy_to_pinned(t))
+            copied += 1
+    return out, registered, copied
 
 
 class ExpertStore:
@@ -72,27 +90,24 @@ class ExpertStore:
         registered: list[torch.Tensor] = []
         for layer, block in enumerate(blocks):
             experts = block.experts
-            fused = []
+            fused, copied = [], False
             for name in ("gate_up_proj", "down_proj"):
                 t = getattr(experts, name).detach()
                 if t.device.type != "cpu" or t.dtype != dtype:
-                    t = t.to("cpu", dtype)
-                    self.copied_layers += name == "gate_up_proj"
+                    t, copied = t.to("cpu", dtype), True
                 fused.append(t)
                 setattr(experts, name, None)  # the module lets go: the store holds the only reference
-            if pin:  # pragma: no cover - needs CUDA
-                new = _register_in_place(fused)
+            if pin:
+                fused, new, n_copied = pin_layer(fused)
                 registered.extend(new)
-                for i, t in enumerate(fused):
-                    if not t.is_pinned():
-                        fused[i] = t.pin_memory()
-                        self.copied_layers += i == 0
+                copied = copied or n_copied > 0
+            self.copied_layers += copied
             gate_up, down = fused  # [E, 2I, H], [E, H, I]
             for e in range(gate_up.shape[0]):
                 self.weights[(layer, e)] = (gate_up[e], down[e])  # contiguous views, no copy
             del fused, gate_up, down
         self.registered_bytes = sum(_nbytes(t) for t in registered)
-        if registered:  # pragma: no cover - needs CUDA
+        if registered:
             weakref.finalize(self, _unregister, registered)
         gu, dn = self.weights[(0, 0)]
         self.expert_bytes = _nbytes(gu) + _nbytes(dn)
