@@ -156,3 +156,19 @@ def test_the_example_strategy_fits_in_40_lines_and_passes_conformance_checks(hos
     conformance.test_budget_is_never_exceeded("cyclic", lab)
     conformance.test_tokens_are_lossless_on_every_family("cyclic", "mixtral", lab)
     assert {r.status for r in lab.run("cyclic", budgets=conformance.LOW_BUDGETS).rows} == {"ok"}
+
+
+def slug(title: str) -> str:
+    """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
+def test_every_link_inside_the_doc_points_at_a_heading():
+    anchors = {slug(title) for title in headings()}
+    links = re.findall(r"\]\(#([^)]+)\)", DOC.read_text())
+    assert links and not [a for a in links if a not in anchors]
+
+
+def test_every_relative_link_of_the_doc_exists():
+    targets = re.findall(r"\]\((\.\./[^)#]+)\)", DOC.read_text())
+    assert targets and not [t for t in targets if not (DOC.parent / t).exists()]
