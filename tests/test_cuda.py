@@ -72,21 +72,39 @@ def test_the_store_is_pinned_and_large_layers_are_registered_in_place(gpu_host):
     assert next(engine.model.parameters()).is_cuda
 
 
+def dense_device_bytes(host, name) -> int:  # pragma: no cover - needs CUDA
+    """What the model needs on the device besides experts: its dense weights, measured."""
+    import gc
+
+    from specterbench.engine.engine import Engine
+
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    model, tok = host.models().get(name).load()
+    engine = Engine(model, name=name, device="cuda", tokenizer=tok)
+    dense = torch.cuda.memory_allocated() - before
+    del engine, model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return dense
+
+
 def test_device_memory_stays_within_the_budget_reference_pass_included(gpu_host, tmp_path):
     host, name = gpu_host
+    dense = dense_device_bytes(host, name)
     torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
     rows = run(host, name, ["lru", "on-demand"], "25%", tmp_path)
-    whole_run_peak = torch.cuda.max_memory_allocated()
+    whole_run_peak = torch.cuda.max_memory_allocated() - base
+    budget = next(iter(rows.values())).budget_bytes
     for row in rows.values():
         assert row.status == "ok", row.error
-        dense = row.peak_device_bytes - row.peak_cache_bytes
         assert row.peak_cache_bytes <= row.budget_bytes
-        assert row.peak_device_bytes <= row.budget_bytes + dense + SLACK_BYTES
-    budget = next(iter(rows.values())).budget_bytes
-    total = next(iter(rows.values())).total_expert_bytes
-    assert whole_run_peak < 0.5 * total, "the reference pass put (nearly) every expert on the device"
-    assert whole_run_peak <= budget + SLACK_BYTES + max(r.peak_device_bytes - r.peak_cache_bytes
-                                                        for r in rows.values())
+        assert row.peak_device_bytes - base <= row.budget_bytes + dense + SLACK_BYTES, (
+            f"{row.strategy}: {row.peak_device_bytes - base} bytes on the device, budget {row.budget_bytes} + "
+            f"dense {dense}")
+    # the reference pass (streaming at the smallest budget) included: never more than the largest cell budget
+    assert whole_run_peak <= budget + dense + SLACK_BYTES, (whole_run_peak, budget, dense)
 
 
 def test_prefetching_stalls_less_than_on_demand(gpu_host, tmp_path):
