@@ -107,6 +107,13 @@ def test_every_cost_estimate_has_a_heading_with_its_signature(name):
     assert expected in headings(), f"docs/plugins.md needs a heading `### {expected}`"
 
 
+@pytest.mark.parametrize("owner, cls", [("engine", Engine), ("engine.costs", CostEstimates)])
+def test_every_public_property_is_documented(owner, cls):
+    properties = [n for n, v in vars(cls).items() if isinstance(v, property) and not n.startswith("_")]
+    text = DOC.read_text()
+    assert properties and not [n for n in properties if f"`{owner}.{n}`" not in text]
+
+
 def exercised(name: str) -> list[str]:
     """Test files (this one aside) that call or define ``name``."""
     pattern = re.compile(rf"(\.|def ){re.escape(name)}\(")
