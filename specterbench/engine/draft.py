@@ -92,11 +92,21 @@ def quantized_bytes(engine, spec: QuantSpec) -> int:
 
 
 def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
-    """One quantized copy per (engine, spec), shared by the cells that use it (quantizing takes seconds)."""
+    """One quantized copy per (engine, spec), shared by the cells that use it (quantizing takes seconds); a
+    parked copy comes back to the device."""
     drafts = engine.__dict__.setdefault("_quantized_experts", {})
     if spec not in drafts:
         drafts[spec] = QuantizedExperts(engine, spec)
+    drafts[spec].unpark()
     return drafts[spec]
+
+
+def park_unclaimed(engine, strategy=None) -> None:
+    """Between cells (top of ``Engine.configure``): every shared quantized copy moves to host memory, so that
+    no cell holds device bytes it is not charged for; the strategy that uses one brings it back through
+    :func:`shared_quantized` in its ``attach`` (and is charged for it by its ``device_bytes``)."""
+    for draft in engine.__dict__.get("_quantized_experts", {}).values():
+        draft.park()
 
 
 def _int_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -123,6 +133,15 @@ def _hqq_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
                                   device=str(w.device), compute_dtype=torch.float32)
     meta["scale"], meta["zero"] = meta["scale"].half().float(), meta["zero"].half().float()  # stored in fp16
     return Quantizer.dequantize(wq, meta).reshape(w.shape)
+
+
+def _to(t, device):  # pragma: no cover - needs CUDA
+    """A dense tensor, or a bitsandbytes (packed, state) pair, on ``device``."""
+    if isinstance(t, tuple):
+        packed, state = t
+        state.to(device)
+        return packed.to(device), state
+    return t.to(device)
 
 
 def quantize(w: torch.Tensor, spec: QuantSpec):
@@ -180,6 +199,20 @@ class QuantizedExperts:
                                         for w in pair)
         self.bytes_ratio = self.nbytes / engine.total_expert_bytes  # ≈ 0.28 nf4/b64, ≈ 0.26 int4/g128
         self.routing: list[tuple[int, list[int], list[int]]] = []  # (layer, experts, tokens per expert)
+
+    def _move(self, device) -> None:
+        if self.engine.device.type == "cpu":
+            return  # host memory already: nothing to move
+        for store in (self.packed, self.dense):  # pragma: no cover - needs CUDA
+            for key, pair in store.items():
+                store[key] = tuple(_to(t, device) for t in pair)
+
+    def park(self) -> None:
+        """To host memory (no device bytes held)."""
+        self._move("cpu")
+
+    def unpark(self) -> None:
+        self._move(self.engine.device)
 
     def weights(self, key):
         """Dense weights of one quantized expert (a substitute for a missed one)."""

@@ -6,7 +6,7 @@ For a window of depth K (K = 0: one plain target step over the same cache) with 
     window_s(K) = K · draft_step_s                         the draft (measured moving average, prior from costs)
                 + verify_compute_s(n)                      dense layers, the union of routed experts, the head
                 + misses(K) · miss_s                       what the cache and the plan do not cover
-    tokens(K)   = 1 + α + … + α^K                          α: the acceptance observed so far (geometric)
+    tokens(K)   = 1 + Σ_j P(first j proposals accepted)    from the accepted run lengths observed so far
 
 Per MoE layer the verification routes to ``union(n) = min(E, k · n^γ)`` experts (γ fitted to the unions
 observed); a share ``hit`` of them is in the cache when the window starts (observed); the plan can bring in at
@@ -54,6 +54,9 @@ class Governor:
         self.shape = shape
         self.choices = tuple(choices)
         self.accepted, self.rejected = 8.0 * prior_acceptance, 8.0 * (1 - prior_acceptance)  # worth eight trials
+        # accepted run lengths (Kaplan-Meier): draft tokens reaching position j, and rejected at j (j = 1..32)
+        self.at_risk = [0.0] * (max(self.choices) + 2)
+        self.failed = [0.0] * (max(self.choices) + 2)
         self.gamma_sum, self.gamma_n = prior_gamma, 1.0
         self.hit_sum, self.hit_n = 0.5, 1.0  # share of a layer's needed experts cached at the window start
         self.recall_sum, self.recall_n = 0.8, 1.0  # share of the uncached needed experts the plan predicted
@@ -76,6 +79,26 @@ class Governor:
     def observe_acceptance(self, proposed: int, accepted: int) -> None:
         self.accepted += accepted
         self.rejected += 1 if accepted < proposed else 0
+        for j in range(1, min(accepted + 1, proposed) + 1):
+            self.at_risk[j] += 1
+        if accepted < proposed:
+            self.failed[accepted + 1] += 1
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a window of depth ``k`` emits: 1 + Σ_j P(the first j proposals are accepted), each
+        position's rejection hazard from the run lengths observed (Kaplan-Meier), shrunk towards the geometric
+        estimate where few windows reached it. Speculative acceptance is bursty: the geometric model alone
+        undervalues deep windows."""
+        weight, deepest = 2.0, max((j for j, n in enumerate(self.at_risk) if n > 0), default=0)
+        survive, tokens = 1.0, 1.0
+        for j in range(1, k + 1):
+            lo = min(j, deepest)  # beyond what was seen: the hazard pooled over the deepest positions seen
+            risk, fail = sum(self.at_risk[lo:deepest + 1]), sum(self.failed[lo:deepest + 1])
+            prior_hazard = (fail + 1 - self.acceptance) / (risk + 1) if deepest else 1 - self.acceptance
+            hazard = (self.failed[j] + weight * prior_hazard) / (self.at_risk[j] + weight)
+            survive *= 1 - hazard
+            tokens += survive
+        return tokens
 
     def observe_draft_step(self, seconds: float) -> None:
         d = self.draft_step_s
@@ -128,8 +151,7 @@ class Governor:
             planned = min(uncached * self.recall_sum / self.recall_n, per_layer_room, link_per_layer)
         misses = s.moe_layers * max(0.0, uncached - planned)
         compute = costs.verify_s(n, u)
-        a = self.acceptance
-        tokens = min((1 - a ** (k + 1)) / (1 - a), costs.remaining)
+        tokens = min(self.expected_tokens(k), costs.remaining)
         return WindowForecast(k, draft_s + compute + misses * self.miss_s(), tokens, misses)
 
     def choose(self, remaining: int, costs) -> tuple[WindowForecast, list[WindowForecast]]:

@@ -119,10 +119,11 @@ class Specter(SpeculativeDecoding):
     # ---- the governor ------------------------------------------------------------------------------
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
-        if self.k_option != "auto":
-            self.forecast = None
-            return min(self.k, remaining)
         costs = WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path)
+        if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are
+            self.governor.prior_miss_s = costs.prior_miss_s()
+            self.forecast = self.governor.forecast(min(self.k, remaining), costs)
+            return self.forecast.k
         best, forecasts = self.governor.choose(remaining, costs)
         if self.explore:  # seeding on a calibration prompt: take the listed depth, still forecast it
             k = min(self.explore.pop(0), remaining)

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from specterbench import Request, Strategy
+from specterbench.baselines.cpu_experts import CpuExperts
 from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import quantized_bytes
@@ -10,6 +11,7 @@ from specterbench.engine.geometry import project
 from specterbench.engine.models import TINY_FAMILIES, tiny_random
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.sampling import GREEDY, DecodeSetting
+from specterbench.plugins.strategy import Calibration
 from specterbench.errors import BudgetError, UsageError
 from specterbench_specter import SpecDecode, Specter, SpecterArtifact, SpecMoEOff, accepted_prefix
 
@@ -24,7 +26,11 @@ def engine_for(family="mixtral"):
 
 
 def configure(engine, strategy, fraction, host=True):
-    engine.configure(strategy, int(fraction * engine.total_expert_bytes),
+    configure_bytes(engine, strategy, int(fraction * engine.total_expert_bytes), host)
+
+
+def configure_bytes(engine, strategy, budget_bytes, host=True):
+    engine.configure(strategy, budget_bytes,
                      ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0] if host else None))
 
 
@@ -73,21 +79,26 @@ def test_tokens_are_the_targets_when_the_draft_disagrees_everywhere(cls, decode)
 
 
 def test_k0_is_plain_decoding_over_the_same_cache():
-    """K = 0 (host path off) reproduces the fallback — fetch on miss, least recently used first — token for
-    token and miss for miss."""
-    request = Request("p", tuple(engine_for().tokenizer.encode(PROMPT)), 12, decode=SAMPLED)
+    """K = 0 reproduces the fallback — cpu-experts over the same cache bytes: popular experts resident, misses
+    on the host or fetched by the balanced rule — token for token and miss for miss."""
+    engine = engine_for()
+    request = Request("p", tuple(engine.tokenizer.encode(PROMPT)), 12, decode=SAMPLED)
+    counts = torch.arange(engine.num_layers * engine.num_experts).reshape(engine.num_layers, -1) % 5
+    calibration = Calibration(counts, ())
     runs, cache_bytes = [], None
-    for strategy in (Specter(k=0, host="off"), Strategy()):
+    for strategy in (Specter(k=0), CpuExperts()):
         engine = engine_for()
+        engine.geometry = project(engine.own_geometry, "mixtral")
         budget = int(0.9 * engine.total_expert_bytes) if cache_bytes is None else cache_bytes  # the same cache
-        engine.configure(strategy, budget, ModeledClock(BUILTIN_PROFILES[0], engine.geometry))
+        configure_bytes(engine, strategy, budget)
         cache_bytes = engine.cache.capacity_bytes
+        strategy.prepare(engine, calibration)
         engine.begin_request(request)
         tokens = strategy.generate(engine, request)
         s = engine.stats
-        runs.append((tokens, s.hits, s.misses, s.h2d_bytes, engine.clock.now()))
-    assert runs[0][:4] == runs[1][:4]
-    assert runs[0][4] == pytest.approx(runs[1][4])
+        runs.append((tokens, s.hits, s.misses, s.host_experts, s.h2d_bytes))
+    assert runs[0] == runs[1]
+    assert runs[0][3] > 0  # the host path was taken
 
 
 def test_int4_g128_draft_is_charged_at_its_packed_size():
@@ -145,7 +156,7 @@ def test_budget_too_small_for_the_draft_states_the_minimum():
 def test_the_speculative_strategies_are_lossless_on_every_family(host, small_prompts, tmp_path, family, decode):
     cfg = BenchConfig(models=(f"tiny-random-{family.replace('_', '-')}",), strategies=ALL,
                       budgets=(parse_budget("70%"),), profile="a100-40g-pcie4", prompts=1, tokens=8,
-                      decode=decode, strategy_options={"specter-artifact": {"k": 4}})
+                      decode=decode, strategy_options={"specter-artifact": {"k": 4}, "spec-decode": {"k": 3}})
     rows = Runner(host, cfg, tmp_path).run()
     assert [r.strategy for r in rows] == list(ALL)
     for row in rows:
