@@ -23,14 +23,19 @@ EVAL_ARGS ?=
 SWEEP_ARGS ?=
 
 # the deterministic CI gate: every shipped stand-in (GATE_MODELS: add a new one there) priced at the real model it
-# stands in for, every strategy, both budgets and the bench's default decode, on the modeled clock; `make gate`
-# holds it to results/reference with the rules of results/reference/gate.toml (failures also as JSON: GATE_JSON)
+# stands in for, every strategy, both budgets and the bench's default decode, on the modeled clock; one run per
+# model, GATE_JOBS at a time; `make gate` holds them to results/reference with results/reference/gate.toml
 GATE_MODELS ?= tiny-mixtral,tiny-qwen-moe
 GATE_STRATEGIES ?= on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,spec-decode,specter
-GATE_RUN_ARGS ?= --model $(GATE_MODELS) --geometry auto --strategies $(GATE_STRATEGIES) \
+GATE_RUN_ARGS ?= --geometry auto --strategies $(GATE_STRATEGIES) \
   --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 \
   --decode $(DECODE) --temperature $(TEMPERATURE) --quiet
-GATE_JSON ?= results/gate-run/gate.json
+GATE_JOBS ?= 2
+GATE_JSON ?= results/gate.json
+# $(call GATE_GRID,<name>): the grid into results/<name>-<model>/, logs in results/gate-logs/ (shown when a run breaks)
+GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_MODELS)' | tr , '\n' | \
+  xargs -P $(GATE_JOBS) -I{} sh -c '$(BIN)/specterbench run --model {} $(GATE_RUN_ARGS) --out results \
+  --run-id $(1)-{} > results/gate-logs/$(1)-{}.log 2>&1 || test $$? -eq 1 || { cat results/gate-logs/$(1)-{}.log; exit 2; }'
 BENCH_COMPARE_FAIL ?= median:25%
 
 .PHONY: install bench test conformance list clean models workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
@@ -65,14 +70,12 @@ conformance:
 # move the committed reference on purpose: run the gate grid, print every metric and ratchet that moved, refuse a
 # worse one unless ALLOW_REGRESSION=1 REASON="why" (appended to results/reference/CHANGELOG.md); then commit it
 reference:
-	rm -rf results/reference-candidate
-	$(BIN)/specterbench run $(GATE_RUN_ARGS) --out results --run-id reference-candidate || test $$? -eq 1
-	$(BIN)/python -m specterbench.analysis.gate_reference results/reference-candidate --reference results/reference
+	$(call GATE_GRID,reference-candidate)
+	$(BIN)/python -m specterbench.analysis.gate_reference results/reference-candidate-*/ --reference results/reference
 
 gate:
-	rm -rf results/gate-run
-	$(BIN)/specterbench run $(GATE_RUN_ARGS) --out results --run-id gate-run || test $$? -eq 1
-	$(BIN)/python -m specterbench.analysis.gate results/gate-run --reference results/reference \
+	$(call GATE_GRID,gate-run)
+	$(BIN)/python -m specterbench.analysis.gate results/gate-run-*/ --reference results/reference \
 	  --rules results/reference/gate.toml --failures-only --json $(GATE_JSON)
 
 # the harness's own hot paths (host wall time, pytest-benchmark); not the speed-up gate

@@ -224,3 +224,18 @@ def test_a_better_metric_passes_with_a_note_to_lock_it_in():
     assert result.ok and sum(c.improved for c in result.checks) == 2
     assert "note  2 metric(s) better than the reference beyond the tolerance" in render(result, passes=False)
     assert "note" not in render(run_gate(gate_grid(), ref, RULES))
+
+
+def test_a_new_stand_in_fails_cell_by_cell_until_it_is_recorded():
+    ref = [r for r in gate_grid() if r.model == "tiny-mixtral"]
+    result = run_gate(gate_grid(), ref, RULES)  # tiny-qwen-moe joined the grid
+    assert {c.rule for c in result.failures} == {"coverage"}
+    assert len(result.failures) == 15 and all(c.cell.startswith("tiny-qwen-moe") for c in result.failures)
+
+
+def test_the_gate_grid_covers_every_shipped_stand_in():
+    from specterbench.embedded import EMBEDDED_MODELS
+
+    line = next(x for x in open("Makefile", encoding="utf-8") if x.startswith("GATE_MODELS ?="))
+    assert line.split("?=")[1].strip().split(",") == list(EMBEDDED_MODELS), (
+        "a stand-in ships without being gated: add it to GATE_MODELS in the Makefile and run `make reference`")

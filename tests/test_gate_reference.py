@@ -3,6 +3,7 @@
 import dataclasses
 import datetime as dt
 import io
+import json
 
 import pytest
 
@@ -44,7 +45,8 @@ def slower_h2d(rows, factor=1.05):
 def test_an_unchanged_candidate_moves_nothing_and_is_recorded(tmp_path, reference):
     code, text = record(tmp_path, reference, gate_grid())
     assert code == 0 and "0 change(s), 0 of them worse" in text
-    assert not (reference / "CHANGELOG.md").exists() and (reference / "summary.md").read_text() == "# candidate\n"
+    assert not (reference / "CHANGELOG.md").exists()
+    assert (reference / "summary.md").read_text().startswith("# specterbench run reference")  # rewritten
 
 
 def test_a_better_metric_is_printed_and_accepted(tmp_path, reference):
@@ -103,3 +105,17 @@ def test_the_first_reference_is_recorded_with_a_changelog_entry(tmp_path):
     code, text = record(tmp_path, tmp_path / "reference", gate_grid())
     assert code == 0 and "recording the first one" in text
     assert "Reason: first reference" in (tmp_path / "reference" / "CHANGELOG.md").read_text()
+
+
+def test_one_candidate_folder_per_model_is_recorded_as_one_reference(tmp_path, reference):
+    rows = gate_grid()
+    parts = [write(tmp_path / f"candidate-{m}", [r for r in rows if r.model == m]) for m in ("tiny-mixtral",
+                                                                                             "tiny-qwen-moe")]
+    for p in parts:
+        (p / "reference.jsonl").write_text(json.dumps({"model": p.name, "workload": "w", "decode_label": "sample T=1",
+                                                       "tokens": [1, 2, 3], "adjacent_reuse": 0.5}) + "\n")
+    (reference / "run.json").write_text("{}")
+    assert accept(parts, reference, now=NOW, out=io.StringIO()) == 0
+    assert len(read_rows(reference)) == len(rows) and not (reference / "run.json").exists()
+    assert (reference / "reference.jsonl").read_text().count('"model"') == 2
+    assert (reference / "summary.md").read_text().count("Workload: candidate-tiny-") == 2

@@ -88,6 +88,18 @@ def _coverage_checks(rows: list[ResultRow], reference: list[ResultRow]) -> list[
                   describe(key)) for key in sorted(group_rows(rows), key=str) if key not in known]
 
 
+def _check_comparable(reference: list[ResultRow], rows: list[ResultRow]) -> None:
+    """Refuse a reference that shares no cell with the run (another model, profile, decode…), naming why; when
+    some cells match, the coverage checks name each new or missing one instead (a stand-in joining the grid)."""
+    check_decode(reference, rows)
+    same_schema = {r.schema_version for r in reference} == {r.schema_version for r in rows}
+    if same_schema and set(group_rows(reference)) & set(group_rows(rows)):
+        return
+    check_compatible(reference, rows, ("reference", "run"))
+    raise UsageError("the run and the reference have no cell in common (compare their workloads, tokens and "
+                     "prompts); gate a run of the reference's grid, or record a new reference with `make reference`")
+
+
 def run_gate(rows: list[ResultRow], reference_rows: list[ResultRow] | None, rules) -> GateResult:
     """Check every rule (strings are parsed) and the status of every row; collect every failure."""
     rules = tuple(parse_rule(r) if isinstance(r, str) else r for r in rules)
@@ -102,8 +114,7 @@ def run_gate(rows: list[ResultRow], reference_rows: list[ResultRow] | None, rule
         if not reference_rows:
             raise UsageError("a regression or ratchet rule needs a reference result (results/reference/rows.jsonl); "
                              "create it with `make reference`")
-        check_decode(reference_rows, rows)
-        check_compatible(reference_rows, rows, ("reference", "run"))
+        _check_comparable(reference_rows, rows)
         result.checks.extend(_coverage_checks(rows, reference_rows))
     for rule in rules:
         result.checks.extend(rule.check(rows, reference_rows))
@@ -130,7 +141,8 @@ def render(result: GateResult, *, passes: bool = True) -> str:
 # ---- command line -------------------------------------------------------------------------------------------
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", nargs="+", help="run folder(s); several are gated as one run (make gate runs one "
+                   "per model, in parallel)")
     p.add_argument("--reference", default=str(DEFAULT_REFERENCE))
     p.add_argument("--rules", help=f"TOML rules file (default {DEFAULT_RULES})")
     p.add_argument("--rule", action="append", help="a rule, e.g. 'ratchet strategy=specter metric=tpot_mean_ms' "
@@ -151,7 +163,8 @@ def cmd_gate(args) -> int:
     rules = [parse_rule(t) for t in args.rule or []]
     if args.rules or not rules:
         rules = list(load_rules(args.rules or DEFAULT_RULES)) + rules
-    rows = read_rows(Path(args.run_dir), on_error=args.on_error)
+    dirs = args.run_dir if isinstance(args.run_dir, list) else [args.run_dir]
+    rows = [r for d in dirs for r in read_rows(Path(d), on_error=args.on_error)]
     reference = (load_reference(args.reference, on_error=args.on_error)
                  if any(r.needs_reference for r in rules) else [])
     result = run_gate(rows, reference, rules)

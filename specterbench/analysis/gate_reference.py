@@ -2,7 +2,8 @@
 
 A candidate run of the gate grid is compared with the committed reference, cell by cell: every gated metric
 (:data:`specterbench.analysis.gate_metrics.METRICS`) and every ratchet of the rules file that moved is printed,
-better or worse. The candidate replaces the reference (its :data:`INSTALLED` files are copied) only when
+better or worse. The candidate (one run folder, or several: ``make reference`` runs one per model in parallel)
+replaces the reference — its rows and reference tokens, and a summary rewritten from them — only when
 nothing got worse: no metric worse than the reference beyond float noise (:data:`NOISE_REL`; the modeled clock is
 deterministic, so a re-record of unchanged code moves nothing), no ratchet lower, no reference cell gone and no
 candidate row failed. Otherwise it refuses (exit 1) unless ``--allow-regression`` comes with a ``--reason``, which
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +26,7 @@ from specterbench.bench.results import ResultRow, read_rows
 from specterbench.errors import SpecterbenchError, UsageError
 
 NOISE_REL = 1e-9  # relative change below which a value has not moved (float summation order)
-INSTALLED = ("rows.jsonl", "summary.md", "run.json")  # copied when the candidate has them
+INSTALLED = ("rows.jsonl", "reference.jsonl")  # concatenated over the candidate folders; summary.md is rewritten
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +106,33 @@ def changelog_entry(moves: list[Move], reason: str, candidate: list[ResultRow], 
     return "\n".join(lines) + "\n\n"
 
 
-def accept(candidate_dir, reference_dir=DEFAULT_REFERENCE, rules_path=None, *, allow_regression: bool = False,
+def install(candidate_dirs: list[Path], reference_dir: Path, rows: list[ResultRow]) -> None:
+    """The candidate's files into the reference folder (nothing stale left), and its summary."""
+    from specterbench.analysis.report import write_summary
+
+    reference_dir.mkdir(parents=True, exist_ok=True)
+    for name in INSTALLED:
+        parts = [d / name for d in candidate_dirs if (d / name).exists()]
+        if parts:
+            (reference_dir / name).write_bytes(b"".join(p.read_bytes() for p in parts))
+        elif (reference_dir / name).exists():
+            (reference_dir / name).unlink()
+    (reference_dir / "run.json").unlink(missing_ok=True)  # from before: one run's options, not the gate grid's
+    write_summary(reference_dir, rows)
+
+
+def accept(candidate_dirs, reference_dir=DEFAULT_REFERENCE, rules_path=None, *, allow_regression: bool = False,
            reason: str = "", now: dt.datetime | None = None, out=sys.stdout) -> int:
     """Compare, print, and install the candidate (0) or refuse (1); see the module docstring."""
-    candidate_dir, reference_dir = Path(candidate_dir), Path(reference_dir)
+    if isinstance(candidate_dirs, (str, Path)):
+        candidate_dirs = [candidate_dirs]
+    candidate_dirs, reference_dir = [Path(d) for d in candidate_dirs], Path(reference_dir)
     if allow_regression and not reason.strip():
         raise UsageError('ALLOW_REGRESSION=1 needs a reason: make reference ALLOW_REGRESSION=1 REASON="why it is '
                          'right that this got worse"')
-    candidate = read_rows(candidate_dir)
+    candidate = [r for d in candidate_dirs for r in read_rows(d)]
     if not candidate:
-        raise UsageError(f"{candidate_dir} has no rows; nothing to record")
+        raise UsageError(f"{', '.join(map(str, candidate_dirs))}: no rows; nothing to record")
     rules = load_rules(rules_path or reference_dir / "gate.toml")
     previous = read_rows(reference_dir) if (reference_dir / "rows.jsonl").exists() else []
     moves = metric_moves(previous, candidate) + ratchet_moves(previous, candidate, rules) if previous else []
@@ -132,12 +149,7 @@ def accept(candidate_dir, reference_dir=DEFAULT_REFERENCE, rules_path=None, *, a
               f'make reference ALLOW_REGRESSION=1 REASON="…" (the reason goes to {reference_dir}/CHANGELOG.md)',
               file=out)
         return 1
-    reference_dir.mkdir(parents=True, exist_ok=True)
-    for name in INSTALLED:
-        if (candidate_dir / name).exists():
-            shutil.copyfile(candidate_dir / name, reference_dir / name)
-        elif (reference_dir / name).exists():
-            (reference_dir / name).unlink()  # no stale file from an older run
+    install(candidate_dirs, reference_dir, candidate)
     if worse or not previous:
         log = reference_dir / "CHANGELOG.md"
         head = "" if log.exists() else "# Changes to the committed gate reference\n\n"
@@ -146,15 +158,16 @@ def accept(candidate_dir, reference_dir=DEFAULT_REFERENCE, rules_path=None, *, a
         with open(log, "a", encoding="utf-8") as f:
             f.write(head + text)
         print(f"reference: accepted with {len(worse)} regression(s); reason appended to {log}", file=out)
-    print(f"reference: {reference_dir} now holds {candidate_dir}'s rows; review `git diff {reference_dir}` and "
-          f"commit it", file=out)
+    print(f"reference: {reference_dir} now holds the candidate's {len(candidate)} rows; review "
+          f"`git diff {reference_dir}` and commit it", file=out)
     return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m specterbench.analysis.gate_reference",
                                 description="replace the committed gate reference with a candidate run, on purpose")
-    p.add_argument("candidate", help="run folder of the gate grid (make reference writes results/reference-candidate)")
+    p.add_argument("candidate", nargs="+", help="run folder(s) of the gate grid (make reference writes one per "
+                   "model: results/reference-candidate-<model>)")
     p.add_argument("--reference", default=str(DEFAULT_REFERENCE))
     p.add_argument("--rules", help="TOML rules file whose ratchets are checked (default <reference>/gate.toml)")
     p.add_argument("--allow-regression", action="store_true",
