@@ -33,7 +33,8 @@ step environment 30 bash -c "nvidia-smi; $BIN/python -c 'import torch; print(tor
   torch.cuda.get_device_name(0)); assert torch.cuda.is_available()'"
 step cuda-tests 240 "$BIN/python" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_nvml.py \
   tests/test_memory.py tests/test_gpu_numerics.py
-step calibrate 60 "$BIN/python" -m specterbench.bench.calibrate --device cuda --out "$OUT/profile.toml"
+step calibrate 60 "$BIN/python" -m specterbench.bench.calibrate --device cuda --shape 256,160 \
+  --out "$OUT/profile.toml"  # tiny-mixtral's hidden and expert sizes: the decode shapes validate runs
 step validate 120 "$BIN/python" -m specterbench.bench.validate --profile "$OUT/profile.toml" --model tiny-mixtral \
   --strategies lru,specter,oracle,cpu-experts --budgets 50% --prompts 4 --tokens 32 --device cuda \
   --dtype bfloat16 --out "$OUT/validate" --quiet

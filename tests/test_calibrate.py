@@ -122,3 +122,10 @@ def test_the_command_line_answers_bad_devices_and_profile_files_in_one_line(argv
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_a_malformed_shape_is_one_line(capsys):
+    from specterbench.cli import main
+
+    assert main(["calibrate", "--device", "cpu", "--shape", "4096x14336"]) == 2
+    assert "write HIDDEN,INTER" in capsys.readouterr().err

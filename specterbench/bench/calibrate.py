@@ -305,6 +305,9 @@ def add_calibrate_parser(sub) -> None:
     s.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     s.add_argument("--threads", type=int, default=None, help="host threads (default: torch's)")
     s.add_argument("--name", help="profile name (default calibrated-<host>-<device>)")
+    s.add_argument("--shape", default="2048,4096", metavar="HIDDEN,INTER",
+                   help="weight shape of the compute measurements: the hidden and expert sizes of the model you "
+                        "will run (decode shapes), e.g. 4096,14336 for Mixtral, 256,160 for tiny-mixtral")
     s.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds, noisier)")
     s.set_defaults(func=cmd_calibrate)
 
@@ -330,7 +333,14 @@ def cmd_calibrate(args) -> int:
     device = check_device(args.device)
     if args.threads is not None and args.threads <= 0:
         raise UsageError(f"--threads must be positive, got {args.threads}")
-    cal = calibrate(device, dtype=getattr(torch, args.dtype), quick=args.quick, threads=args.threads, name=args.name)
+    try:
+        hidden, inter = (int(x) for x in args.shape.split(","))
+    except ValueError:
+        raise UsageError(f"--shape {args.shape!r}: write HIDDEN,INTER, e.g. 4096,14336") from None
+    if hidden <= 0 or inter <= 0:
+        raise UsageError(f"--shape {args.shape!r}: both sizes must be positive")
+    cal = calibrate(device, dtype=getattr(torch, args.dtype), quick=args.quick, threads=args.threads, name=args.name,
+                    hidden=hidden, inter=inter)
     path = write_profile_file(cal, args.out)
     p, h, m = cal.profile, cal.host, cal.measured
     print(f"profile {p.name}: {p.accelerator}")
