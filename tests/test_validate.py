@@ -61,3 +61,14 @@ def test_validate_runs_measured_and_modeled_on_the_host(tmp_path, small_prompts)
     assert (tmp_path / "v" / "validate.md").read_text() == text
     assert (tmp_path / "v" / "validate.json").exists()
     assert (tmp_path / "v" / "measured" / "rows.jsonl").exists() and (tmp_path / "v" / "modeled" / "rows.jsonl").exists()
+
+
+def test_a_folder_that_holds_a_validation_is_refused(tmp_path):
+    from specterbench.errors import UsageError
+    from specterbench.plugins.host import get_host
+
+    (tmp_path / "v" / "measured").mkdir(parents=True)
+    (tmp_path / "v" / "measured" / "rows.jsonl").write_text("")
+    with pytest.raises(UsageError, match="already holds a validation"):
+        validate(get_host(), profile_path=tmp_path / "p.toml", model="tiny-random-mixtral", strategies=("lru",),
+                 budgets=(), prompts=1, tokens=3, device="cpu", out=tmp_path / "v")

@@ -123,6 +123,10 @@ def validate(host, *, profile_path, model: str, strategies, budgets, prompts: in
     from specterbench.bench.runner import BenchConfig, Runner
     from specterbench.engine.sampling import DecodeSetting
 
+    for clock in ("measured", "modeled"):
+        if (Path(out) / clock / "rows.jsonl").exists():
+            raise UsageError(f"--out {out} already holds a validation ({clock}/rows.jsonl); pass another --out or "
+                             f"remove it")
     profile, host_profile = register_profile_file(host, profile_path)
     name = model_in_dtype(host, model, dtype)
     if threads is None:
@@ -159,7 +163,7 @@ def add_validate_parser(sub) -> None:
     s.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     s.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     s.add_argument("--threads", type=int, default=None, help="host threads (default: the profile's host threads)")
-    s.add_argument("--out", default="results/validate")
+    s.add_argument("--out", default=None, help="folder for the results (default results/validate-<time>)")
     s.add_argument("--max-error", type=float, default=None,
                    help="exit 1 when any cell's |error| exceeds this fraction (default: report only)")
     s.add_argument("--quiet", action="store_true")
@@ -177,6 +181,10 @@ def cmd_validate(args) -> int:
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
     budgets = tuple(parse_budget(b) for b in args.budgets.split(",") if b.strip())
     progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
+    if args.out is None:
+        import time
+
+        args.out = f"results/validate-{time.strftime('%Y%m%d-%H%M%S')}"
     comparisons, text = validate(get_host(), profile_path=args.profile, model=args.model, strategies=strategies,
                                  budgets=budgets, prompts=args.prompts, tokens=args.tokens, device=args.device,
                                  out=Path(args.out), threads=args.threads, dtype=getattr(torch, args.dtype),
