@@ -174,3 +174,28 @@ def test_pinning_registers_large_layers_in_place_and_copies_only_the_rest(monkey
     del store
     gc.collect()
     assert len(unregistered) == len(registered)  # unregistered when the store goes away
+
+
+def _charges_device_bytes() -> bool:
+    import inspect
+
+    from specterbench.engine import engine
+
+    return "device_expert_bytes" in inspect.getsource(engine.Engine)
+
+
+@pytest.mark.xfail(not _charges_device_bytes(), strict=True,
+                   reason="engine-core: Engine must build store.ExpertStore(device_dtype=compute_dtype) and charge "
+                          "store.device_expert_bytes per slot (coord.md, issue 16.1)")
+def test_the_cache_ledger_counts_the_bytes_its_slots_really_allocate():
+    from specterbench.engine.engine import Engine
+    from specterbench.plugins.strategy import Strategy
+
+    model, tok = tiny_random("mixtral")  # fp32 compute, bf16 store: a slot holds twice the store's bytes
+    engine = Engine(model, name="m", tokenizer=tok)
+    budget = engine.total_expert_bytes
+    engine.configure(Strategy(), budget, engine.clock)
+    engine.prefetch((0, 0))
+    slot = engine.cache.get((0, 0))
+    allocated = sum(w.numel() * w.element_size() for w in slot.weights)
+    assert slot.nbytes == allocated == engine.cache.used_bytes
