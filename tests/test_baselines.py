@@ -11,6 +11,8 @@ from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 from specterbench.plugins.strategy import FETCH, ON_HOST, Calibration
 from specterbench.engine.clocks import ModeledClock
+from specterbench.engine.costs import HostOp
+from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 HOST = BUILTIN_HOST_PROFILES[0]
 
@@ -68,7 +70,7 @@ def test_cpu_or_fetch_follows_the_latency_model(engine):
     # the link busy with a long queue tips a mid-sized batch to the host
     n = next(n for n in (64, 128, 256, 512, 1024, 2048, 4096) if strategy.place_miss((0, 3), n) == FETCH)
     for _ in range(8):
-        engine.clock.issue(("busy", _), 10**9, 0)
+        engine.clock.issue(("busy", _), 10**9, DEMAND_PRIORITY)  # demand copies: the balanced rule counts them
     assert strategy.place_miss((0, 3), n) == ON_HOST
 
 
@@ -85,9 +87,9 @@ def test_host_compute_overlaps_device_compute():
     profile = BUILTIN_PROFILES[0]
     host = HostProfile("h", "cpu", mem_bytes_per_s=1e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",))
     clock = ModeledClock(profile, GEO, host)
-    done = clock.host_compute(0, 2000, 0)  # ≈ 2 ms on the host (plus two tiny link hops)
+    job = clock.run_on_host(lambda: None, HostOp(0, 2000, 0), 1)  # ≈ 2 ms on the host (plus two tiny link hops)
     clock.compute(0, profile.mem_bytes_per_s * 0.0015)  # 1.5 ms of device work meanwhile
-    stall = clock.wait_until(done)
+    stall = clock.wait_host([job])
     assert 0.0004 < stall < 0.0006
     assert clock.totals.host_busy_s == pytest.approx(0.002)
 

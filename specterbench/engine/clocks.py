@@ -1,32 +1,32 @@
-"""Clocks: the modeled two-resource timeline (compute stream, copy stream) and the measured CUDA clock.
+"""Clocks: one interface (:class:`Clock`), three implementations.
 
-The engine talks to a clock through five calls: ``issue`` a copy with a priority, ``cancel`` one not yet
-started, ``wait`` for one before compute that needs it, ``compute`` an operation, and ``now``. The modeled
-clock is deterministic: the same calls give the same times on any machine.
+- :class:`ModeledClock` — a deterministic two-resource timeline (compute stream, copy link) plus the host CPU,
+  priced by the cost model (:mod:`specterbench.engine.costs`). The same calls give the same times on any machine.
+- :class:`CudaClock` — measured: real copies from pinned memory on a dedicated copy stream fed by the copy
+  scheduler, CUDA events, host wall time with synchronisation.
+- :class:`HostWallClock` — measured on a machine without CUDA: host wall time only, copies are plain host copies.
+
+Every clock orders copies with the same :class:`~specterbench.engine.scheduler.CopyScheduler` (priorities, demand
+first, cancel of copies not started, bounded copies in flight), so the modeled clock prices the decisions the CUDA
+clock executes. Time is in seconds: ``now()`` is seconds since the modeled clock started, or
+``time.perf_counter()`` on a measured clock; every returned duration is seconds.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.geometry import Geometry
 from specterbench.engine.profiles import HardwareProfile, HostProfile
+from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler, Transfer
 
-DEMAND_PRIORITY = float("inf")  # a demand fetch outranks every prefetch still queued
-
-
-@dataclass(slots=True, eq=False)
-class Transfer:
-    key: Any
-    nbytes: int
-    priority: float
-    issue_s: float
-    seq: int
-    start_s: float | None = None
-    end_s: float | None = None
-    event: Any = None  # CUDA event of the copy, measured clock only
+__all__ = ["Clock", "ClockTotals", "CudaClock", "DEMAND_PRIORITY", "HostJob", "HostWallClock", "ModeledClock",
+           "Transfer"]
 
 
 @dataclass(slots=True)
@@ -39,61 +39,196 @@ class ClockTotals:
     host_busy_s: float = 0.0  # host CPU computing experts (cpu-experts)
 
 
-class ModeledClock:
+@dataclass(slots=True, eq=False)
+class HostJob:
+    """An expert computed on the host: ``result`` once done, ``done_s`` when it is back on the device."""
+
+    result: Any = None
+    done_s: float = 0.0
+    future: Any = None  # measured CUDA clock: the worker thread's future
+    estimate_s: float = 0.0
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What the engine asks of a clock. Every implementation fills every method; times are seconds."""
+
+    kind: str  # "modeled" | "measured" | "host"
+    costs: CostModel  # the prices (a measured clock: its profile's, for estimates)
+    totals: ClockTotals
+    scheduler: CopyScheduler
+
+    def now(self) -> float:
+        """The clock's present time."""
+
+    def issue(self, key, nbytes: int, priority: float, copy: Callable[[], None] | None = None) -> Transfer:
+        """Queue a copy of ``nbytes`` (``copy`` enqueues the real copy; a measured clock calls it when the copy
+        starts on the link). Higher ``priority`` starts first; :data:`DEMAND_PRIORITY` before every prefetch."""
+
+    def started(self, t: Transfer) -> bool:
+        """Whether ``t`` holds (or has held) the link: it can no longer be cancelled."""
+
+    def ready(self, t: Transfer) -> bool:
+        """Whether ``t`` has landed."""
+
+    def expected_arrival(self, t: Transfer) -> float:
+        """When ``t`` lands (clock time): exact once started; for a queued copy, if nothing outranks it later."""
+
+    def cancel(self, t: Transfer) -> bool:
+        """Drop ``t`` if it has not started; False when it has."""
+
+    def wait(self, t: Transfer) -> float:
+        """Make the compute stream wait until ``t`` lands (a queued copy becomes a demand fetch); the stall."""
+
+    def in_flight(self) -> Sequence[Transfer]:
+        """Copies started and not landed, oldest first (bounded: at most a few)."""
+
+    def drain_landed(self) -> list[Transfer]:
+        """Copies that landed since the last call, in landing order."""
+
+    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
+        """Charge one device op; returns its price in seconds (a measured clock only prices it: the real kernel
+        takes its own time)."""
+
+    def wait_landed(self, t: Transfer) -> float:
+        """Block until ``t`` has landed, so that its slot may be evicted (the host waits on a measured clock,
+        never spinning; the compute stream stalls on the modeled one); the seconds waited."""
+
+    def run_on_host(self, fn: Callable[..., Any], op: HostOp, threads: int, *args) -> HostJob:
+        """Compute ``fn(*args)`` (one expert) on the host CPU beside the device, with ``threads`` threads; the
+        tensors in ``args`` are moved to the host first. The result stays on the host."""
+
+    def wait_host(self, jobs: Sequence[HostJob]) -> float:
+        """Make the compute stream wait until every job's result is on the device; the stall."""
+
+    def link_backlog_s(self, priority: float | None = None) -> float:
+        """Until a copy issued now at ``priority`` would start (None: behind every queued copy)."""
+
+    def host_backlog_s(self) -> float:
+        """Until the host finishes the experts it has been given."""
+
+    def link_bytes_per_s(self) -> float:
+        """Link bandwidth measured from finished copies, or the profile's before the first."""
+
+    @property
+    def host_threads_available(self) -> int:
+        """Host threads the clock models (modeled) or the machine has (measured)."""
+
+    def settle(self) -> None:
+        """Between requests: let every queued copy land and the compute stream catch up."""
+
+    def sync(self) -> None:
+        """The host reads the step's tokens: wait for the device (measured clocks)."""
+
+
+class _Backlog:
+    """Backlog figures shared by the clocks, from the scheduler's running totals."""
+
+    costs: CostModel
+    scheduler: CopyScheduler
+
+    def _queued_seconds(self, priority: float | None) -> float:
+        s, c = self.scheduler, self.costs
+        if priority is None:
+            count, nbytes = s.queued_count, s.queued_bytes
+        elif priority == DEMAND_PRIORITY:
+            count, nbytes = s.demand_count, s.demand_bytes
+        else:  # copies at or above ``priority``: only this one scans the queue
+            probe = Transfer(None, 0, priority, 0.0, -1)
+            nbytes = s.bytes_ahead_of(probe)
+            count = round(nbytes / c.expert_copy_bytes) if c.expert_copy_bytes else 0
+        return count * c.profile.link_latency_us * 1e-6 + nbytes / c.profile.link_bytes_per_s
+
+
+class ModeledClock(_Backlog):
     """Deterministic timeline priced by a hardware profile at a geometry.
 
-    Compute ops run back to back on the compute stream. Copies are queued at the time they are issued and the
-    link serves them one at a time, highest priority first among those already issued (non-preemptive). An
-    expert's compute waits for its copy to finish; the wait is a stall.
+    Compute ops run back to back on the compute stream. Copies wait in the scheduler from the time they are issued;
+    the link serves them one at a time, highest priority first among those already issued (non-preemptive). An
+    expert's compute waits for its copy to finish; the wait is a stall. Each operation costs O(log n) in the
+    queued copies (the scheduler's heap); :attr:`steps` counts the clock's internal steps.
     """
 
     kind = "modeled"
 
     def __init__(self, profile: HardwareProfile, geometry: Geometry, host: HostProfile | None = None):
-        self.profile = profile
-        self.geometry = geometry
-        self.host = host
-        self.host_threads = host.threads if host else 0  # threads a strategy lets the host use
+        self.costs = CostModel(profile, geometry, host)
+        self.profile, self.geometry, self.host = profile, geometry, host
+        self.scheduler = CopyScheduler(max_in_flight=1)
         self.host_free_s = 0.0
         self.now_s = 0.0
         self.link_free_s = 0.0
-        self.queued: list[Transfer] = []
         self.totals = ClockTotals()
         self._seq = 0
+        self._on_link: deque[Transfer] = deque()  # started, not yet landed by ``now_s``
+        self._landed: list[Transfer] = []
+        self._steps = 0
+        self.host_threads = host.threads if host else 1  # threads the host profile has (strategies ask for fewer)
+
+    @property
+    def steps(self) -> int:
+        """Internal steps so far (copies started and landed, scheduler heap and FIFO moves): the scaling test
+        counts them per copy."""
+        return self._steps + self.scheduler.steps
+
+    @property
+    def host_threads_available(self) -> int:
+        return self.host_threads
+
+    @property
+    def queued(self) -> list[Transfer]:
+        """Copies not yet started (a snapshot, O(queued); for reports and tests, not the hot path)."""
+        return self.scheduler.pending()
 
     # ---- link --------------------------------------------------------------------------------------
     def transfer_seconds(self, nbytes: int) -> float:
-        return self.profile.link_latency_us * 1e-6 + nbytes / self.profile.link_bytes_per_s
+        return self.costs.copy_seconds(nbytes)
 
     def issue(self, key, nbytes: int, priority: float, copy=None) -> Transfer:
         self._seq += 1
         t = Transfer(key, nbytes, priority, self.now_s, self._seq)
         self._advance_link()  # copies that started before now keep their place
-        self.queued.append(t)
+        self.scheduler.submit(t)
         self._advance_link()  # on an idle link this copy starts at once
         if copy is not None:
             copy()
         return t
 
+    def _next_start(self) -> float | None:
+        s = self.scheduler
+        s.admit(self.link_free_s)
+        if s.has_eligible():
+            return self.link_free_s
+        return s.earliest_arrival_s()
+
     def _start_next(self) -> Transfer:
-        eligible = [t for t in self.queued if t.issue_s <= self.link_free_s]
-        if eligible:
-            t = max(eligible, key=lambda x: (x.priority, -x.seq))
-            start = self.link_free_s
-        else:
-            t = min(self.queued, key=lambda x: (x.issue_s, -x.priority, x.seq))
-            start = t.issue_s
-        self.queued.remove(t)
+        s = self.scheduler
+        start = self._next_start()
+        if start is None:
+            raise ValueError("no copy is queued")
+        s.admit(start)
+        while s.in_flight:  # the link is serial: the copy before has ended by ``start``
+            s.landed(s.in_flight[0])
+        t = s.pop()
         t.start_s = start
-        t.end_s = start + self.transfer_seconds(t.nbytes)
+        t.end_s = start + self.costs.copy_seconds(t.nbytes)
         self.link_free_s = t.end_s
         self.totals.link_busy_s += t.end_s - start
         self.totals.link_bytes += t.nbytes
+        self._on_link.append(t)
+        self._steps += 1
         return t
 
     def _advance_link(self) -> None:
-        while self.queued and max(self.link_free_s, min(t.issue_s for t in self.queued)) <= self.now_s:
+        while True:
+            start = self._next_start()
+            if start is None or start > self.now_s:
+                break
             self._start_next()
+        on_link = self._on_link
+        while on_link and on_link[0].end_s <= self.now_s:
+            self._landed.append(on_link.popleft())
+            self._steps += 1
 
     def started(self, t: Transfer) -> bool:
         self._advance_link()
@@ -104,62 +239,81 @@ class ModeledClock:
         return t.end_s is not None and t.end_s <= self.now_s
 
     def expected_arrival(self, t: Transfer) -> float:
-        """When the copy will finish if nothing outranks it from now on (a lower bound while queued)."""
+        """When the copy will finish if nothing outranks it from now on (a lower bound while queued; O(queued)
+        for a queued copy)."""
         if t.end_s is not None:
             return t.end_s
-        ahead = sum(q.nbytes for q in self.queued if q.priority > t.priority or
-                    (q.priority == t.priority and q.seq < t.seq))
-        return max(self.link_free_s, self.now_s) + self.transfer_seconds(ahead + t.nbytes)
+        ahead = self.scheduler.bytes_ahead_of(t)
+        return max(self.link_free_s, self.now_s) + self.costs.copy_seconds(ahead + t.nbytes)
 
     def cancel(self, t: Transfer) -> bool:
         """Drop a copy that has not started; returns False when it already holds the link."""
         if self.started(t):
             return False
-        self.queued.remove(t)
-        return True
+        return self.scheduler.cancel(t)
 
     def wait(self, t: Transfer) -> float:
         """Block the compute stream until ``t`` lands; returns the stall in seconds."""
+        self._advance_link()  # a copy that has started by now keeps the link
         if t.start_s is None:
-            t.priority = DEMAND_PRIORITY
+            self.scheduler.promote(t, DEMAND_PRIORITY)
             while t.start_s is None:
                 self._start_next()
-        stall = max(0.0, t.end_s - self.now_s)
-        if stall > 0:
-            self.now_s = t.end_s
-            self.totals.stall_s += stall
-            self.totals.stalls += 1
-        return stall
+        return self._stall_until(t.end_s)
+
+    def in_flight(self) -> Sequence[Transfer]:
+        self._advance_link()
+        return self._on_link
+
+    def drain_landed(self) -> list[Transfer]:
+        self._advance_link()
+        out, self._landed = self._landed, []
+        return out
+
+    def link_backlog_s(self, priority: float | None = None) -> float:
+        self._advance_link()
+        return max(0.0, self.link_free_s - self.now_s) + self._queued_seconds(priority)
+
+    def link_bytes_per_s(self) -> float:
+        t = self.totals
+        return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else self.profile.link_bytes_per_s
 
     # ---- compute -----------------------------------------------------------------------------------
     def op_seconds(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        p = self.profile
-        return launches * p.launch_us * 1e-6 + max(flops / p.flops_per_s, nbytes / p.mem_bytes_per_s)
+        return self.costs.op_seconds(flops, nbytes, launches)
 
     def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        dt = self.op_seconds(flops, nbytes, launches)
+        dt = self.costs.op_seconds(flops, nbytes, launches)
         self.now_s += dt
         self.totals.compute_busy_s += dt
         return dt
 
     # ---- host compute (a third resource) -------------------------------------------------------------
-    def host_compute(self, flops: float, weight_bytes: float, act_bytes: float) -> float:
-        """Run an expert on the host: activations go down the link, the host computes (concurrently with the
-        device), the result comes back. Returns when the result is on the device. Activation copies are small
-        and full-duplex, so they are charged latency + bytes but do not queue behind weight copies."""
-        if self.host is None:
-            raise ValueError("this modeled clock has no host profile; give the run a --host-profile")
-        h, p = self.host, self.profile
-        hop = p.link_latency_us * 1e-6 + act_bytes / p.link_bytes_per_s
+    def wait_landed(self, t: Transfer) -> float:
+        return self.wait(t)
+
+    def run_on_host(self, fn, op: HostOp, threads: int, *args) -> HostJob:
+        """Activations go down the link, the host computes (concurrently with the device), the result comes
+        back. Activation copies are small and full duplex: charged latency + bytes, not queued behind weights."""
+        hop = self.costs.hop_seconds(op.act_bytes)
         start = max(self.now_s + hop, self.host_free_s)
-        used = min(self.host_threads, h.threads) / h.threads
-        dur = h.launch_us * 1e-6 + max(flops / (h.flops_per_s * used), weight_bytes / h.mem_bytes_per_s)
+        dur = self.costs.host_seconds(op, threads)
         self.host_free_s = start + dur
         self.totals.host_busy_s += dur
-        return start + dur + hop
+        return HostJob(fn(*(a.cpu() for a in args)), start + dur + hop)
+
+    def wait_host(self, jobs: Sequence[HostJob]) -> float:
+        return self._stall_until(max((j.done_s for j in jobs), default=0.0))
 
     def wait_until(self, t: float) -> float:
-        """Block the compute stream until ``t`` (a host result); returns the stall."""
+        """Stall the compute stream until clock time ``t`` (modeled clock only; strategies should wait for copies
+        with ``engine.wait_for(keys)``, which every clock implements)."""
+        return self._stall_until(t)
+
+    def host_backlog_s(self) -> float:
+        return max(0.0, self.host_free_s - self.now_s)
+
+    def _stall_until(self, t: float) -> float:
         stall = max(0.0, t - self.now_s)
         if stall > 0:
             self.now_s = t
@@ -171,110 +325,44 @@ class ModeledClock:
         return self.now_s
 
     def settle(self) -> None:
-        """Between requests: let every queued copy land and the compute stream catch up."""
-        while self.queued:
+        while not self.scheduler.empty():
             self._start_next()
         self.now_s = max(self.now_s, self.link_free_s, self.host_free_s)
+        self._advance_link()
 
     def sync(self) -> None:
         """The host reads the step's tokens: nothing to wait for beyond the compute stream itself."""
 
 
-class CudaClock:
-    """Measured clock on CUDA: copies on a dedicated stream from pinned memory, CUDA events, wall time with sync.
+class HostWallClock(_Backlog):
+    """Measured mode on a machine without CUDA: only host wall time exists. A copy is a host copy run when it is
+    issued (so it has landed at once); host experts run in the caller. Prices for estimates come from ``costs``
+    (the engine gives it the default profile's when none is set)."""
 
-    Compute is the real kernels on the default stream, so ``compute`` only records nothing; ``now`` is host
-    wall time after the last ``sync``.
-    """
+    kind = "host"
 
-    kind = "measured"
-
-    def __init__(self, device):
-        import torch
-
-        self.torch = torch
-        self.device = device
-        self.stream = torch.cuda.Stream(device=device)
+    def __init__(self, costs: CostModel | None = None):
+        self.costs = costs  # None: the engine prices with its default profile at its geometry (configure)
         self.totals = ClockTotals()
+        self.scheduler = CopyScheduler()
         self._seq = 0
-        self._waits: list[tuple[Any, Any]] = []
+        self._landed: list[Transfer] = []
 
-    def transfer_seconds(self, nbytes: int) -> float:  # pragma: no cover - needs CUDA
-        return 0.0
-
-    def issue(self, key, nbytes: int, priority: float, copy=None) -> Transfer:  # pragma: no cover - needs CUDA
-        self._seq += 1
-        t = Transfer(key, nbytes, priority, time.perf_counter(), self._seq)
-        with self.torch.cuda.stream(self.stream):
-            if copy is not None:
-                copy()
-            t.event = self.torch.cuda.Event()
-            t.event.record(self.stream)
-        t.start_s = t.issue_s
-        return t
-
-    def started(self, t: Transfer) -> bool:  # pragma: no cover - needs CUDA
-        return True
-
-    def ready(self, t: Transfer) -> bool:  # pragma: no cover - needs CUDA
-        return t.event.query()
-
-    def expected_arrival(self, t: Transfer) -> float:  # pragma: no cover - needs CUDA
-        return time.perf_counter()
-
-    def cancel(self, t: Transfer) -> bool:  # pragma: no cover - needs CUDA
-        return False
-
-    def wait(self, t: Transfer) -> float:  # pragma: no cover - needs CUDA
-        cur = self.torch.cuda.current_stream(self.device)
-        if not t.event.query():
-            before = self.torch.cuda.Event(enable_timing=True)
-            after = self.torch.cuda.Event(enable_timing=True)
-            before.record(cur)
-            cur.wait_event(t.event)
-            after.record(cur)
-            self._waits.append((before, after))
-            self.totals.stalls += 1
-        else:
-            cur.wait_event(t.event)
-        return 0.0
-
-    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:  # pragma: no cover - needs CUDA
-        return 0.0
-
-    def now(self) -> float:  # pragma: no cover - needs CUDA
-        return time.perf_counter()
-
-    def host_compute(self, flops, weight_bytes, act_bytes) -> float:  # pragma: no cover - needs CUDA
-        return 0.0  # the host really computed it, in the caller
-
-    def wait_until(self, t) -> float:  # pragma: no cover - needs CUDA
-        return 0.0
-
-    def sync(self) -> None:  # pragma: no cover - needs CUDA
-        self.torch.cuda.synchronize(self.device)
-        for before, after in self._waits:
-            self.totals.stall_s += before.elapsed_time(after) / 1e3
-        self._waits.clear()
-
-
-@dataclass(slots=True)
-class HostWallClock:
-    """Measured mode on a machine without CUDA: only host wall time exists; there is no device to time."""
-
-    kind: str = "host"
-    totals: ClockTotals = field(default_factory=ClockTotals)
-    _seq: int = 0
-
-    def transfer_seconds(self, nbytes: int) -> float:
-        return 0.0
+    @property
+    def host_threads_available(self) -> int:
+        return os.cpu_count() or 1
 
     def issue(self, key, nbytes: int, priority: float, copy=None) -> Transfer:
         self._seq += 1
+        start = time.perf_counter()
         if copy is not None:
             copy()
-        now = time.perf_counter()
-        return Transfer(key, nbytes, priority, now, self._seq, now, now)
+        end = time.perf_counter()
+        t = Transfer(key, nbytes, priority, start, self._seq, start, end, state="landed")
+        self.totals.link_busy_s += end - start
+        self.totals.link_bytes += nbytes
+        self._landed.append(t)
+        return t
 
     def started(self, t: Transfer) -> bool:
         return True
@@ -286,22 +374,51 @@ class HostWallClock:
         return t.end_s
 
     def cancel(self, t: Transfer) -> bool:
-        return False
+        return False  # every copy ran when it was issued
 
     def wait(self, t: Transfer) -> float:
-        return 0.0
+        return 0.0  # it has landed
+
+    def in_flight(self) -> Sequence[Transfer]:
+        return ()
+
+    def drain_landed(self) -> list[Transfer]:
+        out, self._landed = self._landed, []
+        return out
 
     def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
+        return self.costs.op_seconds(flops, nbytes, launches)
+
+    def wait_landed(self, t: Transfer) -> float:
+        return 0.0  # it landed when it was issued
+
+    def run_on_host(self, fn, op: HostOp, threads: int, *args) -> HostJob:
+        start = time.perf_counter()
+        result = fn(*(a.cpu() for a in args))
+        self.totals.host_busy_s += time.perf_counter() - start
+        return HostJob(result, time.perf_counter())
+
+    def wait_host(self, jobs: Sequence[HostJob]) -> float:
+        return 0.0  # computed in the caller
+
+    def link_backlog_s(self, priority: float | None = None) -> float:
+        return 0.0  # copies never queue
+
+    def host_backlog_s(self) -> float:
         return 0.0
+
+    def link_bytes_per_s(self) -> float:
+        t = self.totals
+        return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else self.costs.profile.link_bytes_per_s
 
     def now(self) -> float:
         return time.perf_counter()
 
-    def host_compute(self, flops, weight_bytes, act_bytes) -> float:
-        return 0.0
-
-    def wait_until(self, t) -> float:
-        return 0.0
+    def settle(self) -> None:
+        pass  # nothing is ever queued
 
     def sync(self) -> None:
-        pass
+        pass  # no device
+
+
+from specterbench.engine.cuda_clock import CudaClock  # noqa: E402  (it builds on the names above)

@@ -2,25 +2,31 @@
 
 The seam into transformers: every supported MoE block calls ``self.experts(hidden, top_k_index, top_k_weights)``
 with fused expert tensors. :class:`OffloadedExperts` takes that call's place and asks the engine for experts by
-``(moe_layer, expert)``; the engine asks the cache, waits on the clock, and computes. The strategy behind the
-cache is called directly at fixed points and never sees the clock or the store.
+``(moe_layer, expert)``; the engine asks the cache, waits on the clock, and computes (the per-layer phases live
+in :mod:`specterbench.engine.moe_layer`). The strategy behind the cache is called directly at fixed points; it
+asks questions through the engine's public methods and ``engine.costs`` (:mod:`specterbench.engine.costs`),
+never through the clock's or the cache's internals.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Collection
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from specterbench.engine.cache import DeviceCache, ExpertKey, Slot
-from specterbench.errors import BudgetError, EngineViolation
+from specterbench.engine import moe_layer
+from specterbench.engine.cache import Candidates, DeviceCache, ExpertKey, PrefetchResult, Slot
+from specterbench.engine.clocks import Clock, HostWallClock
+from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.geometry import Geometry, geometry_from_config
+from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
 from specterbench.engine.seam import ExpertStore, OffloadedExperts, find_moe_blocks, router_of
-from specterbench.plugins.strategy import FETCH, ON_HOST, SUBSTITUTE, Request, Strategy
-from specterbench.engine.clocks import DEMAND_PRIORITY, HostWallClock
+from specterbench.errors import BudgetError, EngineViolation, UsageError
+from specterbench.plugins.strategy import Request, Strategy
 
 @dataclass(slots=True)
 class EngineStats:
@@ -44,6 +50,7 @@ class StepSample:
     tokens: int
     clock_s: float
     wall_s: float
+    stall_s: float = 0.0  # compute-stream stall since the last sample (the first sample of a request: prefill)
 
 
 @dataclass(slots=True)
@@ -74,16 +81,23 @@ class Engine:
         self.num_experts = self.store.num_experts
         self.top_k = self.own_geometry.top_k
         self.cache: DeviceCache | None = None
-        self.clock = HostWallClock()
+        self.clock: Clock = self._bind(HostWallClock())
+        self.costs = CostEstimates(self)  # estimates for strategies, in seconds (see specterbench.engine.costs)
         self.strategy: Strategy | None = None
         self.stats = EngineStats()
         self.recorder: RoutingRecorder | None = None
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
         self.samples: list[StepSample] = []
+        self.warming_up = False  # True between begin_warmup() and end_warmup()
+        self.current_layer: int | None = None  # the MoE layer being run (None between layers' experts)
         self.current_hidden: torch.Tensor | None = None  # the MoE input of the layer being run, [T, H]
-        self._mark = (0.0, 0.0)
-        self._fwd_tokens = 1
-        self._fwd_context = 1
+        self.routing: LayerRouting | None = None  # router signals of the layer being run
+        self.forward_tokens = 1  # tokens of the forward being run (1 while decoding; K+1 when verifying)
+        self.context_len = 1  # positions the forward attends to, its own included
+        self._host_threads: int | None = None
+        self._wants_landed = False
+        self._pending: set = set()
+        self._mark = (0.0, 0.0, 0.0)
 
     # ---- sizes -------------------------------------------------------------------------------------
     @property
@@ -94,6 +108,17 @@ class Engine:
     def priced_expert_bytes(self) -> int:
         """Bytes one expert copy is priced at by the modeled clock (the geometry's, per modeled layer)."""
         return int(self.geometry.expert_bytes * self.geometry.layer_scale)
+
+    @property
+    def host_threads(self) -> int:
+        """Host threads for experts run on the host (a strategy may set fewer than the clock has)."""
+        return self._host_threads if self._host_threads is not None else self.clock.host_threads_available
+
+    @host_threads.setter
+    def host_threads(self, n: int) -> None:
+        if not 1 <= n <= self.clock.host_threads_available:
+            raise UsageError(f"host_threads={n}: the host has 1..{self.clock.host_threads_available}")
+        self._host_threads = int(n)
 
     @property
     def total_expert_bytes(self) -> int:
@@ -115,10 +140,31 @@ class Engine:
                 f"strategy {strategy.name!r} keeps on the device; it needs at least {need + extra} bytes "
                 f"({(need + extra) / self.total_expert_bytes:.1%} of expert bytes)")
         self.cache = DeviceCache(cache_bytes)
-        self.clock = clock
+        self.clock = self._bind(clock)
         self.strategy = strategy
         self.stats = EngineStats()
+        self.warming_up = False
+        self._host_threads = None
+        self._wants_landed = type(strategy).on_copy_landed is not Strategy.on_copy_landed
         strategy.attach(self)
+
+    def _bind(self, clock: Clock) -> Clock:
+        """A measured clock made without prices gets the default profile's at this engine's geometry."""
+        if clock.costs is None:
+            clock.costs = CostModel(BUILTIN_PROFILES[0], self.geometry, BUILTIN_HOST_PROFILES[0])
+        return clock
+
+    def begin_warmup(self) -> None:
+        """The runner's warm-up request starts: ``engine.warming_up`` is True until :meth:`end_warmup`."""
+        self.warming_up = True
+
+    def end_warmup(self) -> None:
+        """The warm-up is over: the engine's counters and the clock's totals restart, then the strategy's
+        :meth:`~specterbench.Strategy.on_warmup_end` runs (to restart its own metrics)."""
+        self.warming_up = False
+        self.stats = EngineStats()
+        self.clock.totals = type(self.clock.totals)()
+        self.strategy.on_warmup_end()
 
     # ---- decoding ----------------------------------------------------------------------------------
     def new_kv_cache(self):
@@ -134,8 +180,8 @@ class Engine:
         offloaded cache for this pass (a resident self-draft); the strategy is not consulted then.
         """
         T = input_ids.shape[1]
-        self._fwd_tokens = T
-        self._fwd_context = kv.get_seq_length() + T
+        self.forward_tokens = T
+        self.context_len = kv.get_seq_length() + T
         self.expert_override = experts
         if experts is None:
             self.strategy.on_step_start(T)
@@ -145,27 +191,27 @@ class Engine:
                              logits_to_keep=0 if all_logits else 1)
         finally:
             self.expert_override = None
-        g = self.geometry
-        self.clock.compute(2 * out.logits.shape[1] * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes, 2)
+            self.current_layer = self.current_hidden = self.routing = None
+        self.clock.compute(*self.clock.costs.head(out.logits.shape[1]))
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")
         return out.logits[0].float()
 
     def begin_request(self, request: Request) -> None:
-        settle = getattr(self.clock, "settle", None)
-        if settle is not None:
-            settle()
+        self.clock.settle()
         self.samples = []
         self.clock.sync()
-        self._mark = (self.clock.now(), time.perf_counter())
+        self._mark = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s)
         self.strategy.on_request_start(request)
 
     def emit(self, n_tokens: int) -> None:
         """Record that ``n_tokens`` became available to the user since the last mark (first call: TTFT)."""
         self.clock.sync()
-        now = (self.clock.now(), time.perf_counter())
-        self.samples.append(StepSample(n_tokens, now[0] - self._mark[0], now[1] - self._mark[1]))
+        now = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s)
+        self.samples.append(StepSample(n_tokens, now[0] - self._mark[0], now[1] - self._mark[1],
+                                       max(0.0, now[2] - self._mark[2])))
         self._mark = now
+        self._deliver_landed()
 
     def decode(self, request: Request, sampler=None) -> list[int]:
         """Autoregressive decoding of ``request``, one token per forward, tokens chosen by ``sampler`` (default: a
@@ -194,146 +240,93 @@ class Engine:
             kv.crop(-drop)
 
     # ---- the MoE seam ------------------------------------------------------------------------------
+    def charge(self, op) -> float:
+        """Charge one device operation (a :class:`~specterbench.engine.costs.Op`, e.g. from
+        ``engine.clock.costs.experts_fused(...)``) on the compute stream; its price in seconds."""
+        return self.clock.compute(*op)
+
+    def charge_expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> float:
+        """Charge one expert over ``n_tokens`` (``bytes_ratio`` < 1 for a quantized copy) on the compute stream."""
+        return self.clock.compute(*self.clock.costs.expert(n_tokens, bytes_ratio))
+
     def _charge_dense_layers(self, T: int) -> None:
-        g = self.geometry
+        g, costs = self.geometry, self.clock.costs
         for _ in range(g.layers - g.moe_layers):
-            self._charge_layer(T, moe=False)
+            self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False))
 
-    def _charge_layer(self, T: int, moe: bool) -> None:
-        g, S = self.geometry, self._fwd_context
-        params = g.layer_dense_params(moe)
-        kv_bytes = 2 * S * g.kv_heads * g.head_dim * g.dtype_bytes
-        self.clock.compute(g.layer_scale * (2 * T * params + 4 * T * S * g.heads * g.head_dim),
-                           g.layer_scale * (params * g.dtype_bytes + kv_bytes), launches=round(8 * g.layer_scale))
-
-    def charge_expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> None:
-        """Modeled cost of one expert over ``n_tokens`` (``bytes_ratio`` < 1 for quantized copies)."""
-        g = self.geometry
-        self.clock.compute(g.layer_scale * 2 * n_tokens * g.expert_params,
-                           g.layer_scale * g.expert_bytes * bytes_ratio, launches=round(3 * g.layer_scale))
-
-    def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):
-        T = hidden.shape[0]
-        self._charge_layer(T, moe=True)
+    def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
+        """One MoE layer through the cache (the seam's call); phases in :mod:`specterbench.engine.moe_layer`."""
+        self.clock.compute(*self.clock.costs.dense_layer(hidden.shape[0], self.context_len, moe=True))
         if self.expert_override is not None:
             return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
-        counts = torch.bincount(top_k_index.reshape(-1), minlength=self.num_experts)  # [E]
-        experts = counts.nonzero().flatten().tolist()
-        n_tokens = counts[experts].tolist()
+        groups = group_tokens(top_k_index, top_k_weights, self.num_experts)
         if self.recorder is not None:
-            self.recorder.counts[layer] += counts.cpu()
-            self.recorder.trace.append((layer, tuple(experts)))
-        strategy, cache, clock, stats = self.strategy, self.cache, self.clock, self.stats
-        self.current_hidden = hidden
-        strategy.before_layer(layer, experts, n_tokens)
-
-        keys = [(layer, e) for e in experts]
-        pending = set(keys)
-        elsewhere: dict[ExpertKey, str] = {}  # misses the strategy runs on the host or with a substitute
-        for key, n in zip(keys, n_tokens):
-            if key in cache:
-                stats.hits += 1
-                continue
-            stats.misses += 1
-            strategy.on_miss(key)
-            if key in cache:
-                continue
-            place = strategy.place_miss(key, n)
-            if place == FETCH:
-                self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=pending)
-            elif place in (ON_HOST, SUBSTITUTE):
-                elsewhere[key] = place
-                pending.discard(key)
-            else:
-                raise EngineViolation(f"strategy {strategy.name!r} placed {key} at {place!r}; use fetch, host or "
-                                      f"substitute")
-        outputs, host_done = {}, 0.0
-        for key, place in elsewhere.items():  # host experts start first: they run beside the device
-            token_idx, pos = torch.where(top_k_index == key[1])
-            if place == ON_HOST:
-                host_weights = tuple(w.to(self.compute_dtype) for w in self.store.weights[key])
-                y = self._expert(host_weights, act_fn, hidden[token_idx].cpu(),
-                                 top_k_weights[token_idx, pos, None].cpu()).to(hidden.device)
-                host_done = max(host_done, self._charge_host(len(token_idx)))
-                stats.host_experts += 1
-                stats.activation_bytes += 2 * y.numel() * y.element_size()  # inputs down, results back
-            else:
-                weights, ratio = strategy.substitute(key)
-                y = self._expert(weights, act_fn, hidden[token_idx], top_k_weights[token_idx, pos, None])
-                self.charge_expert(len(token_idx), ratio)
-                stats.substituted += 1
-            outputs[key[1]] = (token_idx, y)
-        # compute what has landed first, then in order of arrival; misses that found no room come last and are
-        # fetched as soon as a computed expert frees a place, so their copies still overlap compute
-        order = sorted((k for k in keys if k not in elsewhere), key=self._arrival)
-        deferred = [k for k in order if k not in cache]
-        for key in order:
-            while deferred and (deferred[0] in cache or self._fetch(
-                    deferred[0], DEMAND_PRIORITY, prefetched=False, protect=pending) is not None):
-                deferred.pop(0)
-            slot = self._acquire(key, pending)
-            cache.in_use = key
-            token_idx, pos = torch.where(top_k_index == key[1])
-            outputs[key[1]] = (token_idx, self._expert(slot.weights, act_fn, hidden[token_idx],
-                                                       top_k_weights[token_idx, pos, None]))
-            self.charge_expert(len(token_idx))
-            stats.expert_computes += 1
-            cache.in_use = None
-            pending.discard(key)
-        if host_done:
-            clock.wait_until(host_done)
-        out = torch.zeros_like(hidden)
-        for e in experts:  # fixed summation order: numerics do not depend on the strategy
-            token_idx, y = outputs[e]
-            out.index_add_(0, token_idx, y.to(out.dtype))
-        strategy.after_layer(layer, experts)
+            self.recorder.counts[layer, groups.experts] += torch.tensor(groups.tokens_per_expert)
+            self.recorder.trace.append((layer, tuple(groups.experts)))
+        self.current_layer, self.current_hidden = layer, hidden
+        self.routing = LayerRouting(layer, hidden, top_k_index, top_k_weights, groups, self.gates[layer])
+        self._deliver_landed()
+        self.strategy.before_layer(layer, groups.experts, groups.tokens_per_expert)
+        self._pending = {(layer, e) for e in groups.experts}
+        outputs: dict = {}
+        elsewhere = moe_layer.place(self, layer, groups)
+        jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
+        moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
+        moe_layer.join_host(self, jobs, hidden, outputs)
+        out = moe_layer.combine(hidden, groups, outputs)
+        self.strategy.after_layer(layer, groups.experts)
+        self._pending = set()
         return out
 
-    @staticmethod
-    def _expert(weights, act_fn, x, scale):  # x [n, H], scale [n, 1] -> [n, H]
-        gate_up, down = weights
-        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-        return F.linear(act_fn(gate) * up, down) * scale
+    _expert = staticmethod(moe_layer.expert_forward)
 
-    def _charge_host(self, n_tokens: int) -> float:
-        g = self.geometry
-        return self.clock.host_compute(g.layer_scale * 2 * n_tokens * g.expert_params,
-                                       g.layer_scale * g.expert_bytes, 2 * n_tokens * g.hidden * g.dtype_bytes)
-
-    def _arrival(self, key: ExpertKey) -> float:
-        slot = self.cache.get(key)
-        if slot is None:
-            return float("inf")
-        return self.clock.expected_arrival(slot.transfer)
-
-    def _acquire(self, key: ExpertKey, pending: set) -> Slot:
-        slot = self.cache.get(key)
-        if slot is None:  # no room when the layer started: make it now, sparing experts still to compute
-            slot = self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=pending - {key})
-            if slot is None:
-                slot = self._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=(), force=True)
-            if slot is None:
-                raise BudgetError(f"the expert cache ({self.cache.capacity_bytes} bytes) cannot hold one expert "
-                                  f"({self.expert_bytes} bytes)")
-        self.clock.wait(slot.transfer)
-        if not slot.used:
-            if self.device.type == "cuda":  # pragma: no cover - needs CUDA
-                for w in slot.weights:  # copied on the copy stream, read on this one: keep the allocator honest
-                    w.record_stream(torch.cuda.current_stream(self.device))
-            slot.used = True
-            if slot.prefetched:
-                self.stats.prefetch_used += 1
-        self.cache.touch(key)
-        return slot
+    def _deliver_landed(self) -> None:
+        landed = self.clock.drain_landed()
+        if self._wants_landed:
+            for t in landed:
+                slot = self.cache.get(t.key)
+                if slot is not None and slot.transfer is t:
+                    self.strategy.on_copy_landed(t.key)
 
     # ---- what strategies may call ------------------------------------------------------------------
-    def prefetch(self, key: ExpertKey, priority: float = 0.0) -> bool:
-        """Queue a copy of ``key`` if it is not cached and fits in the free bytes; True when queued."""
-        if key in self.cache or self.cache.free_bytes < self.expert_bytes:
+    def router_guess(self, layer: int, hidden: torch.Tensor | None = None) -> RouterGuess:
+        """Apply MoE ``layer``'s router to ``hidden`` [T, H] (default: the MoE input of the layer being run) —
+        e.g. the next layer's gate one layer early. Charged on the compute stream as one router op."""
+        if hidden is None:
+            if self.current_hidden is None:
+                raise UsageError("router_guess without hidden states is only possible while a MoE layer runs")
+            hidden = self.current_hidden
+        if not 0 <= layer < self.num_layers:
+            raise UsageError(f"router_guess: MoE layer {layer} does not exist (0..{self.num_layers - 1})")
+        self.clock.compute(*self.clock.costs.router(hidden.shape[0]))
+        with torch.inference_mode():
+            logits, weights, index = self.gates[layer](hidden)
+        return RouterGuess(layer, logits, weights, index)
+
+    def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
+        """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
+        ``priority`` starts earlier (ties in issue order); see :mod:`specterbench.plugins.strategy`."""
+        slot = self.cache.get(key)
+        if slot is not None:
+            return PrefetchResult.CACHED if self.clock.ready(slot.transfer) else PrefetchResult.IN_FLIGHT
+        if self.cache.free_bytes < self.expert_bytes:
+            return PrefetchResult.NO_ROOM
+        self._fetch(key, priority, prefetched=True, protect=())
+        return PrefetchResult.QUEUED
+
+    def cancel(self, key: ExpertKey) -> bool:
+        """Drop the queued copy of ``key`` and its entry (its bytes are free again). False when ``key`` is not
+        cached or its copy has started (then wait for it, or evict it once it has landed)."""
+        slot = self.cache.get(key)
+        if slot is None or key == self.cache.in_use or not self.clock.cancel(slot.transfer):
             return False
-        return self._fetch(key, priority, prefetched=True, protect=()) is not None
+        self.stats.prefetch_cancelled += 1
+        self._unledger(slot)
+        self.cache.remove(key)
+        return True
 
     def evict(self, key: ExpertKey) -> None:
+        """Drop a cached expert; a copy not yet started is cancelled, one on the link cannot be evicted."""
         slot = self.cache.get(key)
         if slot is None:
             raise EngineViolation(f"expert {key} is not cached, so it cannot be evicted")
@@ -346,24 +339,33 @@ class Engine:
             self.stats.prefetch_wasted += 1
         self.cache.remove(key)
 
+    def candidates(self, protect: Collection[ExpertKey] = ()) -> Candidates:
+        """Cached experts that may be evicted now (not in use, not on the link, not in ``protect``), least
+        recently used first: a live view (see :class:`~specterbench.engine.cache.Candidates`)."""
+        excluded = set(protect) if protect else set()
+        if self.cache.in_use is not None:
+            excluded.add(self.cache.in_use)
+        for t in self.clock.in_flight():
+            excluded.add(t.key)
+        return Candidates(self.cache, excluded)
+
     def evictable(self) -> list[ExpertKey]:
-        """Cached experts that may be evicted now (not in use, not mid-copy), least recently used first."""
-        clock, in_use = self.clock, self.cache.in_use
-        return [k for k, s in self.cache.slots.items()
-                if k != in_use and (clock.ready(s.transfer) or not clock.started(s.transfer))]
+        """Cached experts that may be evicted now, least recently used first (a list: O(cache))."""
+        return list(self.candidates())
 
     def make_room(self, nbytes: int, protect=(), needed: ExpertKey | None = None, force: bool = False) -> bool:
         """Evict the strategy's choices until ``nbytes`` are free. False when nothing more may be evicted, or
         when the strategy declines (``choose_victim`` returned None) and ``force`` is not set; with ``force``
-        the least recently used candidate goes, so that a forward always makes progress."""
+        the least recently used candidate goes, so that a forward always makes progress. When only copies on
+        the link stand in the way, the host waits for the first to land (never spinning)."""
         cache = self.cache
         while cache.free_bytes < nbytes:
-            candidates = [k for k in self.evictable() if k not in protect]
+            candidates = self.candidates(protect)
             if not candidates:
-                landing = [s for k, s in cache.slots.items() if k not in protect and not self.clock.ready(s.transfer)]
+                landing = [t for t in self.clock.in_flight() if t.key not in protect and t.key in cache]
                 if not landing:
                     return False
-                self.clock.wait(min(landing, key=lambda s: self.clock.expected_arrival(s.transfer)).transfer)
+                self.clock.wait_landed(landing[0])
                 continue
             victim = self.strategy.choose_victim(candidates, needed)
             if victim is None:
@@ -377,33 +379,49 @@ class Engine:
         return True
 
     def link_bytes_per_s(self) -> float | None:
-        """The link bandwidth estimated from copies that have moved so far (None before the first)."""
+        """The link bandwidth measured from copies that have moved so far (None before the first; the profile's
+        figure: ``engine.costs.link_bytes_per_s()``)."""
         t = self.clock.totals
         return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else None
 
     def expected_arrival(self, key: ExpertKey) -> float | None:
+        """Clock time (seconds, ``clock.now()``'s scale) when ``key``'s copy lands — in the past once landed;
+        for a queued copy, if nothing outranks it later. None when ``key`` is not cached."""
         slot = self.cache.get(key)
         return None if slot is None else self.clock.expected_arrival(slot.transfer)
+
+    def landed(self, key: ExpertKey) -> bool:
+        """Whether ``key`` is cached and its copy has landed."""
+        slot = self.cache.get(key)
+        return slot is not None and self.clock.ready(slot.transfer)
+
+    def wait_for(self, keys) -> None:
+        """A barrier: the compute stream waits until every cached one of ``keys`` has landed (queued copies
+        among them become demand fetches)."""
+        for key in keys:
+            slot = self.cache.get(key)
+            if slot is not None:
+                self.clock.wait(slot.transfer)
 
     def _fetch(self, key: ExpertKey, priority: float, *, prefetched: bool, protect, force=False) -> Slot | None:
         if not self.make_room(self.expert_bytes, protect=protect, needed=key, force=force):
             return None
         src = self.store.weights[key]
-        landed = []
+        dst = tuple(torch.empty(w.shape, dtype=self.compute_dtype, device=self.device) for w in src)
 
-        def copy():
-            landed.extend(t.to(self.device, dtype=self.compute_dtype, non_blocking=True) for t in src)
+        def copy():  # run by the clock when the copy starts (measured) or at once (modeled)
+            for d, w in zip(dst, src):
+                d.copy_(w, non_blocking=True)
 
         transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
-        slot = Slot(key, self.expert_bytes, tuple(landed), transfer, prefetched)
-        self.cache.insert(slot)
+        self.cache.insert(Slot(key, self.expert_bytes, dst, transfer, prefetched))
         self.stats.h2d_bytes += self.expert_bytes
         if prefetched:
             self.stats.prefetch_issued += 1
             self.stats.prefetch_bytes += self.expert_bytes
         else:
             self.stats.demand_bytes += self.expert_bytes
-        return slot
+        return self.cache.get(key)
 
     def _unledger(self, slot: Slot) -> None:
         self.stats.h2d_bytes -= slot.nbytes

@@ -1,20 +1,54 @@
 """The offload strategy contract.
 
-A strategy is a plain object the engine calls directly on the hot path (never through pluggy). It sees
-routing decisions and may reshape the device cache through the engine:
+A strategy is a plain object the engine calls directly on the hot path (never through pluggy). It sees routing
+decisions and may reshape the device cache through the engine's public API (times in seconds, sizes in bytes):
 
-- ``engine.cache``                 what is cached (``keys()`` least recently used first, ``free_bytes``)
-- ``engine.prefetch(key, prio)``   queue an asynchronous copy of one expert; higher ``prio`` goes first
+Model and cache
+- ``engine.num_layers``, ``engine.num_experts``, ``engine.top_k``  MoE layers, routed experts per layer, experts
+                                   per token; ``engine.expert_bytes`` one expert's bytes in the cache (the budget's
+                                   unit); ``engine.priced_expert_bytes`` the bytes one copy is priced at
+- ``engine.cache``                 one byte pool shared by every layer (not fixed per-layer slots):
+                                   ``keys()`` least recently used first, ``layer_keys(layer)`` /
+                                   ``layer_count(layer)`` the per-layer view, ``free_bytes``, ``capacity_bytes``
+- ``engine.warming_up``            True during the runner's warm-up request (metrics restart after it)
+
+Router signals (while a MoE layer runs: prefill, decode and multi-token verification alike)
+- ``engine.routing``               :class:`~specterbench.engine.routing.LayerRouting`: ``top_k_index`` [T, k],
+                                   ``top_k_weights`` [T, k] (the token→expert assignment), ``logits`` / ``probs``
+                                   [T, E] (computed only when read), ``hidden`` [T, H], ``experts``
+- ``engine.router_guess(layer, hidden=None)``  apply another layer's router (e.g. the next one's) to this layer's
+                                   MoE input; charged as one router op; returns a ``RouterGuess``
+
+Copies and eviction
+- ``engine.prefetch(key, prio)``   queue a copy into *free* bytes; returns a :class:`PrefetchResult`
+                                   (``QUEUED`` — truthy —, ``CACHED``, ``IN_FLIGHT``, ``NO_ROOM``); it never evicts
+- ``engine.cancel(key)``           drop a queued copy that has not started (True) and free its bytes
 - ``engine.evict(key)``            drop a cached expert (cancelling its copy if it has not started)
-- ``engine.make_room(nbytes, protect)``  evict by :meth:`Strategy.choose_victim` until ``nbytes`` fit
-- ``engine.clock.now()``           the clock's time; ``engine.expected_arrival(key)`` when a copy lands
-- ``engine.forward(ids, kv)``      a forward pass of the target (or of a draft, see Specter) for
-                                   strategies that drive their own decoding by overriding :meth:`generate`
+- ``engine.make_room(nbytes, protect, needed)``  evict by :meth:`Strategy.choose_victim` until ``nbytes`` fit
+- ``engine.candidates(protect)``   what may be evicted now (a live view); ``engine.landed(key)``,
+                                   ``engine.expected_arrival(key)`` (clock time, None if not cached),
+                                   ``engine.wait_for(keys)`` (a barrier before, e.g., a verification pass)
+
+Priorities: the link carries one copy at a time, highest ``priority`` first among copies already issued, ties in
+issue order; a copy on the link is never pre-empted. A miss fetches at ``DEMAND_PRIORITY`` (+inf), ahead of every
+prefetch, and a queued prefetch whose expert is needed becomes a demand fetch. Prefetch priorities are any finite
+floats (e.g. ``-layer`` to serve earlier layers first). :meth:`Strategy.on_copy_landed` tells when a copy lands.
+
+Cost estimates: ``engine.costs`` (:mod:`specterbench.engine.costs`) — copy, expert, layer and host-expert seconds,
+link and host backlog, time until a layer runs: what the modeled clock will charge.
+
+Driving decoding (speculative strategies override :meth:`generate`): ``engine.forward(ids, kv, experts=...)``
+(a target pass, or a draft pass with ``experts`` standing in for the cache), ``engine.rollback(kv, keep)``,
+``engine.emit(n_tokens)``, ``request.sampler()``.
 
 Decision points, in the order the engine calls them:
-``attach`` (once per benchmark cell) → per request ``on_request_start`` → per forward ``on_step_start`` →
-per MoE layer ``before_layer`` → ``on_miss`` for each expert not cached → ``choose_victim`` when room is
-needed → ``after_layer`` → ``on_step_end``.
+``attach`` (once per benchmark cell) → ``prepare`` → (warm-up request, then ``on_warmup_end``) → per request
+``on_request_start`` → per forward ``on_step_start`` → per MoE layer ``before_layer`` → ``on_miss`` for each
+expert not cached → ``place_miss`` → ``choose_victim`` when room is needed → ``after_layer`` → ``on_step_end``;
+``on_copy_landed`` at the next layer boundary after a copy lands.
+
+Default eviction: ``choose_victim`` evicts the least recently used expert of the whole pool (any layer); the
+``lru`` baseline instead keeps per-layer quotas (mixtral-offloading).
 """
 
 from __future__ import annotations
@@ -22,7 +56,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
-from specterbench.engine.cache import ExpertKey
+from specterbench.engine.cache import ExpertKey, PrefetchResult  # noqa: F401  (PrefetchResult: public)
+from specterbench.engine.scheduler import DEMAND_PRIORITY  # noqa: F401  (public)
 from specterbench.engine.sampling import GREEDY, DecodeSetting, TokenSampler
 from specterbench.errors import UsageError
 
@@ -147,6 +182,13 @@ class Strategy:
 
     def after_layer(self, layer: int, experts: Sequence[int]) -> None:
         pass
+
+    def on_copy_landed(self, key: ExpertKey) -> None:
+        """Optional: ``key``'s copy has landed (called at the next layer boundary or token; a strategy that does
+        not override it costs nothing)."""
+
+    def on_warmup_end(self) -> None:
+        """The warm-up request is over: restart the counters :meth:`metrics` reports (the engine's restart too)."""
 
     def on_step_end(self, new_tokens: Sequence[int]) -> None:
         pass

@@ -1,0 +1,211 @@
+"""The one cost model: what every operation costs, and the estimates strategies decide with.
+
+Every time the modeled clock charges comes from :class:`CostModel`; the engine prices each operation through it
+and a strategy asks :class:`CostEstimates` (``engine.costs``) the same questions, so an estimate equals what the
+modeled clock will charge for the same operation on an idle resource. All times are **seconds** (float), all
+sizes **bytes**; "now" is the clock's ``now()`` (modeled: seconds since the cell's clock started; measured:
+``time.perf_counter()``). On a measured clock the prices come from the profile the run was given (or one measured
+with ``specterbench calibrate``) and the link bandwidth from the copies timed so far.
+
+``engine.costs`` — estimates for strategies (all return seconds unless said otherwise)
+
+=====================================  ===========================================================================
+call                                   meaning
+=====================================  ===========================================================================
+``copy_s()``                           one expert copy host→device on an idle link (latency + bytes / bandwidth)
+``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized)
+``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
+                                       (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
+``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert)
+``head_s(rows=1)``                     the output head over ``rows`` positions
+``router_s(n_tokens)``                 applying one router (gate) to ``n_tokens`` hidden states
+``host_expert_s(n_tokens)``            one expert on the host CPU, activations down and back included, host idle
+``link_backlog_s(priority=None)``      until a copy issued now would *start*: the copy on the link plus every
+                                       queued copy that outranks it (None: every queued copy)
+``copy_arrival_s(priority=None)``      ``link_backlog_s(priority) + copy_s()``: until a copy issued now *lands*
+``host_backlog_s()``                   until the host finishes the experts it has been given
+``until_layer_s(layer)``               until the experts of MoE ``layer`` of the current forward are needed,
+                                       assuming every expert in between hits (the layer itself included when it
+                                       is the current one: 0.0); a ``layer`` already passed means the next forward
+``now_s()``                            the clock's time
+``link_bytes_per_s()``                 link bandwidth: measured from finished copies, else the profile's (bytes/s)
+``host_threads_available``             host threads the clock models or the machine has (int)
+=====================================  ===========================================================================
+
+Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device op costs ``launches · launch_us +
+max(flops / flops_per_s, bytes / mem_bytes_per_s)``; a copy ``link_latency_us + bytes / link_bytes_per_s``; a host
+expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes /
+host.mem_bytes_per_s)`` plus one activation hop each way (``link_latency_us + activation bytes /
+link_bytes_per_s``). Bytes and FLOPs come from the geometry, each multiplied by ``layer_scale``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+from specterbench.engine.geometry import Geometry
+from specterbench.engine.profiles import HardwareProfile, HostProfile
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specterbench.engine.engine import Engine
+
+
+class Op(NamedTuple):
+    """One device operation as the clock charges it: ``clock.compute(*op)``."""
+
+    flops: float
+    nbytes: float
+    launches: int = 1
+
+
+class HostOp(NamedTuple):
+    """One expert on the host: ``clock.run_on_host(fn, op, threads)``."""
+
+    flops: float
+    weight_bytes: float
+    act_bytes: float  # activations one way (they go down and come back: two hops)
+
+
+class CostModel:
+    """Prices of every operation at a geometry on a hardware profile (and a host profile for host experts)."""
+
+    def __init__(self, profile: HardwareProfile, geometry: Geometry, host: HostProfile | None = None):
+        self.profile = profile
+        self.geometry = geometry
+        self.host = host
+
+    # ---- what an operation is (FLOPs, bytes, launches) ----------------------------------------------
+    def dense_layer(self, n_tokens: int, context: int, moe: bool) -> Op:
+        """The non-routed part of one decoder layer over ``n_tokens`` new tokens at ``context`` positions."""
+        g = self.geometry
+        params = g.layer_dense_params(moe)
+        kv_bytes = 2 * context * g.kv_heads * g.head_dim * g.dtype_bytes
+        return Op(g.layer_scale * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
+                  g.layer_scale * (params * g.dtype_bytes + kv_bytes), round(8 * g.layer_scale))
+
+    def expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> Op:
+        """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's)."""
+        g = self.geometry
+        return Op(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_bytes * bytes_ratio,
+                  round(3 * g.layer_scale))
+
+    def experts_fused(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> Op:
+        """One fused kernel over several experts (e.g. a W4A16 draft layer): every expert's weights read once,
+        the launches of one expert."""
+        g = self.geometry
+        return Op(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
+                  g.layer_scale * g.expert_bytes * bytes_ratio * len(tokens_per_expert), round(3 * g.layer_scale))
+
+    def head(self, rows: int) -> Op:
+        g = self.geometry
+        return Op(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes, 2)
+
+    def router(self, n_tokens: int) -> Op:
+        g = self.geometry
+        return Op(g.layer_scale * 2 * n_tokens * g.hidden * g.num_experts,
+                  g.layer_scale * g.hidden * g.num_experts * g.dtype_bytes, 1)
+
+    def host_expert(self, n_tokens: int) -> HostOp:
+        g = self.geometry
+        return HostOp(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_bytes,
+                      2 * n_tokens * g.hidden * g.dtype_bytes)
+
+    @property
+    def expert_copy_bytes(self) -> int:
+        """Bytes one expert copy is priced at (the geometry's expert, per modeled layer)."""
+        return int(self.geometry.expert_bytes * self.geometry.layer_scale)
+
+    # ---- what it costs (seconds) --------------------------------------------------------------------
+    def op_seconds(self, flops: float, nbytes: float, launches: int = 1) -> float:
+        p = self.profile
+        return launches * p.launch_us * 1e-6 + max(flops / p.flops_per_s, nbytes / p.mem_bytes_per_s)
+
+    def copy_seconds(self, nbytes: int) -> float:
+        return self.profile.link_latency_us * 1e-6 + nbytes / self.profile.link_bytes_per_s
+
+    def hop_seconds(self, act_bytes: float) -> float:
+        """Activations of a host expert crossing the link one way (small, full duplex: they do not queue)."""
+        return self.profile.link_latency_us * 1e-6 + act_bytes / self.profile.link_bytes_per_s
+
+    def host_seconds(self, op: HostOp, threads: int) -> float:
+        """The host's own work on ``op`` with ``threads`` of its threads (the hops not included)."""
+        h = self.host
+        if h is None:
+            raise ValueError("this cost model has no host profile; give the run a --host-profile")
+        used = min(threads, h.threads) / h.threads
+        return h.launch_us * 1e-6 + max(op.flops / (h.flops_per_s * used), op.weight_bytes / h.mem_bytes_per_s)
+
+    def host_expert_seconds(self, n_tokens: int, threads: int) -> float:
+        """One expert on an idle host, from activations leaving the device to the result back on it."""
+        op = self.host_expert(n_tokens)
+        return 2 * self.hop_seconds(op.act_bytes) + self.host_seconds(op, threads)
+
+
+class CostEstimates:
+    """``engine.costs``: the cost model's answers at the engine's geometry and its clock's present state."""
+
+    def __init__(self, engine: "Engine"):
+        self._engine = engine
+
+    @property
+    def model(self) -> CostModel:
+        return self._engine.clock.costs
+
+    @property
+    def host_threads_available(self) -> int:
+        return self._engine.clock.host_threads_available
+
+    def copy_s(self) -> float:
+        return self.model.copy_seconds(self.model.expert_copy_bytes)
+
+    def expert_s(self, n_tokens: int, bytes_ratio: float = 1.0) -> float:
+        return self.model.op_seconds(*self.model.expert(n_tokens, bytes_ratio))
+
+    def experts_fused_s(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> float:
+        return self.model.op_seconds(*self.model.experts_fused(tokens_per_expert, bytes_ratio))
+
+    def layer_s(self, n_tokens: int, moe: bool = True) -> float:
+        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe))
+
+    def head_s(self, rows: int = 1) -> float:
+        return self.model.op_seconds(*self.model.head(rows))
+
+    def router_s(self, n_tokens: int) -> float:
+        return self.model.op_seconds(*self.model.router(n_tokens))
+
+    def host_expert_s(self, n_tokens: int) -> float:
+        return self.model.host_expert_seconds(n_tokens, self._engine.host_threads)
+
+    def link_backlog_s(self, priority: float | None = None) -> float:
+        return self._engine.clock.link_backlog_s(priority)
+
+    def copy_arrival_s(self, priority: float | None = None) -> float:
+        return self.link_backlog_s(priority) + self.copy_s()
+
+    def host_backlog_s(self) -> float:
+        return self._engine.clock.host_backlog_s()
+
+    def now_s(self) -> float:
+        return self._engine.clock.now()
+
+    def link_bytes_per_s(self) -> float:
+        return self._engine.clock.link_bytes_per_s()
+
+    def until_layer_s(self, layer: int) -> float:
+        e = self._engine
+        current, T, g = e.current_layer, e.forward_tokens, e.geometry
+        per_layer = self.layer_s(T) + self._experts_of_a_layer_s(T)
+        if current is None:  # between forwards: the next one starts with its dense layers
+            return (g.layers - g.moe_layers) * self.layer_s(T, moe=False) + layer * per_layer + self.layer_s(T)
+        if layer == current:
+            return 0.0
+        if layer > current:
+            return self._experts_of_a_layer_s(T) + (layer - current - 1) * per_layer + self.layer_s(T)
+        rest = (e.num_layers - current - 1) * per_layer + self._experts_of_a_layer_s(T) + self.head_s(1)
+        return rest + (g.layers - g.moe_layers) * self.layer_s(1, moe=False) + layer * (
+            self.layer_s(1) + self._experts_of_a_layer_s(1)) + self.layer_s(1)
+
+    def _experts_of_a_layer_s(self, n_tokens: int) -> float:
+        k, E = self._engine.top_k, self._engine.num_experts
+        active = min(E, n_tokens * k)
+        return active * self.expert_s(max(1, round(n_tokens * k / active)))
