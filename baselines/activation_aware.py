@@ -10,6 +10,9 @@ class ActivationAware(LRU):
     each layer it finds the calibration sequence whose EAM is most similar (cosine) and reads, from that
     sequence's EAM, how likely each expert of the next ``lookahead`` layers is; it prefetches the likeliest
     ones and, when room is needed, evicts the expert with the lowest predicted reuse.
+
+    The similarity is kept incrementally: a layer adds its routed counts to one dot product per calibration
+    sequence (O(sequences × routed experts)), never a pass over the whole EAM.
     """
 
     name = "activation-aware"
@@ -28,23 +31,27 @@ class ActivationAware(LRU):
             raise ValueError("activation-aware needs calibration sequences")
         eams = torch.stack([s.float() for s in calibration.sequences])  # [N, L, E]
         self.library = eams / eams.sum(-1, keepdim=True).clamp_min(1)  # per-layer routing distributions
-        self.flat = torch.nn.functional.normalize(self.library.flatten(1), dim=1)  # [N, L*E]
+        norms = self.library.flatten(1).norm(dim=1).clamp_min(1e-12)  # [N]
+        self.unit = self.library / norms[:, None, None]  # [N, L, E]: rows of the normalised library
+        self.mean = self.library.mean(0)  # [L, E]
+        # the most likely experts of every (sequence, layer), computed once: [N, L, width]
+        self.ranked = torch.argsort(self.library, dim=-1, descending=True)[..., : self.width]
 
     def on_request_start(self, request):
-        self.eam = torch.zeros(self.engine.num_layers, self.engine.num_experts)
-        self.prediction = self.library.mean(0)  # before any routing: the average calibration sequence
+        self.dots = torch.zeros(self.unit.shape[0])  # [N]: library_n · EAM / |library_n|
+        self.prediction = self.mean  # before any routing: the average calibration sequence
+        self.ranking = torch.argsort(self.mean, dim=-1, descending=True)[..., : self.width]  # [L, width]
 
     def before_layer(self, layer, experts, tokens_per_expert):
         engine = self.engine
-        self.eam[layer, experts] += torch.tensor(tokens_per_expert, dtype=torch.float)
-        current = torch.nn.functional.normalize(self.eam.flatten(), dim=0)
-        best = int(torch.argmax(self.flat @ current))
-        self.prediction = self.library[best]  # [L, E]
+        counts = torch.tensor(tokens_per_expert, dtype=torch.float)  # [n]
+        self.dots += self.unit[:, layer, experts] @ counts  # cosine up to the EAM's norm, equal for every n
+        best = int(torch.argmax(self.dots))
+        self.prediction, self.ranking = self.library[best], self.ranked[best]  # [L, E], [L, width]
         protect = {(layer, e) for e in experts}
         for step in range(1, self.lookahead + 1):
             nxt = (layer + step) % engine.num_layers  # past the last layer comes the next token's first
-            likely = torch.argsort(self.prediction[nxt], descending=True)[: self.width].tolist()
-            for rank, e in enumerate(likely):
+            for rank, e in enumerate(self.ranking[nxt].tolist()):
                 key = (nxt, e)
                 protect.add(key)
                 if key in engine.cache or self.prediction[nxt, e] <= 0:

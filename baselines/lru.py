@@ -1,5 +1,3 @@
-from collections import Counter
-
 from specterbench import Strategy
 
 
@@ -8,7 +6,8 @@ class LRU(Strategy):
 
     The cache's slots are split evenly across MoE layers (the remainder going to the first layers); a miss in a
     layer that is at its quota evicts from that layer. While the cache is filling, a layer may use free slots.
-    Subclasses change only :meth:`pick`, the order in which a layer's experts are given up.
+    Subclasses change only :meth:`pick`, the order in which a layer's experts are given up. Choosing a victim
+    reads the cache's per-layer view, so it costs O(1) (O(quota) with a subclass's ``pick``), not O(cache).
     """
 
     name = "lru"
@@ -20,16 +19,22 @@ class LRU(Strategy):
         slots = engine.cache.capacity_bytes // engine.expert_bytes
         base, extra = divmod(slots, engine.num_layers)
         self.quota = [base + (1 if layer < extra else 0) for layer in range(engine.num_layers)]
+        self._plain = type(self).pick is LRU.pick
 
     def pick(self, keys):
         """The victim among ``keys`` (least recently used first)."""
         return keys[0]
 
+    def _pick(self, keys):
+        if self._plain:  # keys[0] without building the list
+            return next(iter(keys), None)
+        keys = list(keys)
+        return self.pick(keys) if keys else None
+
     def choose_victim(self, candidates, needed):
-        held = Counter(layer for layer, _ in self.engine.cache.keys())
-        if needed is not None and held[needed[0]] >= self.quota[needed[0]]:
-            same = [k for k in candidates if k[0] == needed[0]]
+        cache, quota = self.engine.cache, self.quota
+        if needed is not None and cache.layer_count(needed[0]) >= quota[needed[0]]:
             # at quota with nothing of its own to give up yet: wait for this layer's computed experts
-            return self.pick(same) if same else None
-        over = [k for k in candidates if held[k[0]] > self.quota[k[0]]]
-        return self.pick(over or candidates)
+            return self._pick(candidates.in_layer(needed[0]))
+        over = self._pick(k for k in candidates if cache.layer_count(k[0]) > quota[k[0]])
+        return over if over is not None else self._pick(candidates)

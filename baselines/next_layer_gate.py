@@ -14,13 +14,9 @@ class NextLayerGate(LRU):
         nxt = layer + 1
         if nxt >= engine.num_layers:
             return
-        hidden = engine.current_hidden  # [T, H]
-        g = engine.geometry
-        engine.clock.compute(g.layer_scale * 2 * hidden.shape[0] * g.hidden * g.num_experts,
-                             g.layer_scale * g.hidden * g.num_experts * g.dtype_bytes, 1)
-        _, _, guess = engine.gates[nxt](hidden)  # [T, k]
-        protect = {(layer, e) for e in experts} | {(nxt, int(e)) for e in guess.unique()}
-        for e in guess.unique().tolist():
+        guess = engine.router_guess(nxt).experts()  # the next router on this layer's MoE input (charged)
+        protect = {(layer, e) for e in experts} | {(nxt, e) for e in guess}
+        for e in guess:
             key = (nxt, e)
             if key in engine.cache:
                 continue

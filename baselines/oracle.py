@@ -1,8 +1,41 @@
+import heapq
 from bisect import bisect_right
 from collections import defaultdict
 
 from specterbench import Strategy
 from specterbench.errors import EngineViolation
+
+INF = float("inf")
+
+
+class _Farthest:
+    """Cached experts keyed by next use, farthest first: a heap with lazy invalidation (O(log n) per update)."""
+
+    def __init__(self):
+        self.heap: list = []
+        self.next_use: dict = {}
+
+    def update(self, key, next_use) -> None:
+        self.next_use[key] = next_use
+        heapq.heappush(self.heap, (-next_use, key))
+
+    def farthest(self, allowed, skip=()):
+        """The valid entry of largest next use whose key passes ``allowed`` and is not in ``skip``; None if none.
+        Valid entries it passes over are kept."""
+        heap, kept, found = self.heap, [], None
+        while heap:
+            neg, key = heap[0]
+            if self.next_use.get(key) != -neg or not allowed(key):
+                heapq.heappop(heap)  # stale (re-keyed, or no longer cached)
+                continue
+            if key in skip:
+                kept.append(heapq.heappop(heap))
+                continue
+            found = key
+            break
+        for entry in kept:
+            heapq.heappush(heap, entry)
+        return found
 
 
 class Oracle(Strategy):
@@ -13,10 +46,12 @@ class Oracle(Strategy):
     strategy can make with this cache. It then issues each of those copies at the earliest safe moment — right
     after the last use of the expert it replaces — in order of need. The bound on hits and bytes at this budget;
     on time a strong reference, not a proof of optimality (copy order and link contention are not optimised).
+    Both the replay and eviction at run time keep cached experts in a heap keyed by next use: O(log n) per
+    access, never a scan of the cache or the trace per call.
     """
 
     name = "oracle"
-    version = "2"
+    version = "3"
     description = "Belady eviction + perfect prefetch from the recorded reference routing (a bound)"
     uses_reference_trace = True
 
@@ -31,17 +66,23 @@ class Oracle(Strategy):
         self.pos = 0
         self.schedule = self._belady_schedule()  # [(issue_pos, need_pos, key, victim or None)]
         self.next_event = 0
+        self.live = _Farthest()  # the engine's cached experts by next use (run time)
+        for key in self.engine.cache.keys():
+            self.live.update(key, self.next_use(key))
 
     def next_use(self, key, after=None):
         """First position ≥ ``after`` (default: the current one) where ``key`` is used; inf if never."""
         uses = self.uses.get(key, ())
         i = bisect_right(uses, (self.pos if after is None else after) - 1)
-        return uses[i] if i < len(uses) else float("inf")
+        return uses[i] if i < len(uses) else INF
 
     def _belady_schedule(self):
         engine = self.engine
         slots = engine.cache.capacity_bytes // engine.expert_bytes
         cache = set(engine.cache.keys())
+        farthest = _Farthest()
+        for key in cache:
+            farthest.update(key, self.next_use(key, after=0))
         last_use = {k: -1 for k in cache}
         events = []
         for pos, (layer, experts) in enumerate(self.trace):
@@ -50,16 +91,21 @@ class Oracle(Strategy):
                 if key not in cache:
                     victim = None
                     if len(cache) >= slots:
-                        others = [k for k in cache if k not in now] or list(cache)
-                        victim = max(others, key=lambda k: self.next_use(k, after=pos + 1))
+                        victim = farthest.farthest(cache.__contains__, skip=now)
+                        if victim is None:  # a layer wider than the cache: every cached expert is needed now
+                            victim = farthest.farthest(cache.__contains__)
                         cache.remove(victim)
                     cache.add(key)
+                    farthest.update(key, pos)  # used now; re-keyed by its next use after this position
                     if victim in now:  # a layer wider than the cache: the engine's demand path swaps these
                         continue
                     # safe to copy once the replaced expert has had its last use before this need
                     issue = (last_use.get(victim, -1) + 1) if victim is not None else 0
                     events.append((min(issue, pos), pos, key, victim))
                 last_use[key] = pos
+            for key in now:
+                if key in cache:
+                    farthest.update(key, self.next_use(key, after=pos + 1))
         events.sort(key=lambda ev: (ev[0], ev[1]))
         return events
 
@@ -73,12 +119,34 @@ class Oracle(Strategy):
             self.next_event += 1
             if key in engine.cache:
                 continue
-            if victim is not None and victim in engine.cache and victim in engine.evictable():
+            if victim is not None and victim in engine.candidates():
                 engine.evict(victim)
-            engine.prefetch(key, priority=-need)  # no room: the demand path will fetch it (Belady victims)
+            if engine.prefetch(key, priority=-need):  # no room: the demand path will fetch it (Belady victims)
+                self.live.update(key, self.next_use(key))
+
+    def on_miss(self, key):
+        self.live.update(key, self.pos)  # fetched now, used at this position
 
     def choose_victim(self, candidates, needed):
-        return max(candidates, key=self.next_use)
+        cache = self.engine.cache
+        victim = self.live.farthest(cache.__contains__, skip=_Excluded(candidates))
+        return victim if victim is not None else max(candidates, key=self.next_use)
 
     def after_layer(self, layer, experts):
+        for e in experts:
+            key = (layer, e)
+            if key in self.engine.cache:
+                self.live.update(key, self.next_use(key, after=self.pos + 1))
         self.pos += 1
+
+
+class _Excluded:
+    """``key in _Excluded(candidates)``: the key may not be evicted now."""
+
+    __slots__ = ("candidates",)
+
+    def __init__(self, candidates):
+        self.candidates = candidates
+
+    def __contains__(self, key) -> bool:
+        return key not in self.candidates

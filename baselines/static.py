@@ -1,3 +1,5 @@
+from collections import OrderedDict
+
 import torch
 
 from specterbench import Strategy
@@ -7,13 +9,19 @@ class StaticPlacement(Strategy):
     """Pin the most popular experts (by routed tokens on the calibration set) within the budget.
 
     A demand buffer of ``top_k`` expert slots, charged to the same budget, takes the misses and is recycled
-    least-recently-used first; pinned experts are never evicted.
+    least-recently-used first; pinned experts are never evicted. The buffer is tracked apart from the pinned
+    experts, so choosing a victim costs O(buffer), not O(cache).
     """
 
     name = "static"
     version = "1"
     description = "pin the calibration set's most popular experts; misses use a small LRU demand buffer"
     uses_calibration = True
+
+    def attach(self, engine):
+        super().attach(engine)
+        self.pinned: set = set()
+        self.buffer: OrderedDict = OrderedDict()  # unpinned experts the misses brought in, least recent first
 
     def min_cache_bytes(self, engine):
         return engine.min_budget_bytes()
@@ -27,6 +35,19 @@ class StaticPlacement(Strategy):
         for key in sorted(self.pinned):
             engine.prefetch(key)
 
+    def before_layer(self, layer, experts, tokens_per_expert):
+        buffer = self.buffer
+        for e in experts:
+            key = (layer, e)
+            if key not in self.pinned:
+                buffer[key] = None
+                buffer.move_to_end(key)
+
     def choose_victim(self, candidates, needed):
-        unpinned = [k for k in candidates if k not in self.pinned]
-        return (unpinned or candidates)[0]
+        cache = self.engine.cache
+        for key in list(self.buffer):
+            if key not in cache:
+                del self.buffer[key]
+            elif key in candidates:
+                return key
+        return next((k for k in candidates if k not in self.pinned), None) or next(iter(candidates), None)
