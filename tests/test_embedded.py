@@ -81,6 +81,23 @@ def test_qwen_moe_geometry():
     assert c["num_hidden_layers"] >= 6
 
 
+@pytest.mark.skipif("tiny-deepseek" not in embedded.EMBEDDED_MODELS, reason="tiny-deepseek is not shipped")
+def test_deepseek_geometry():
+    c = _config("tiny-deepseek")
+    assert c["model_type"] == "deepseek_v2"
+    assert c["n_routed_experts"] == 64 and c["num_experts_per_tok"] == 6 and c["n_shared_experts"] == 2
+    assert c["first_k_dense_replace"] == 1 and c["num_hidden_layers"] >= 6
+
+
+def test_every_stand_in_is_priced_at_its_real_model():
+    from specterbench.engine.geometry import GEOMETRY_PRESETS
+
+    for name in embedded.EMBEDDED_MODELS:
+        stand_in = embedded.STAND_INS[name]
+        assert stand_in.geometry in GEOMETRY_PRESETS
+        assert _config(name)["model_type"] == stand_in.family
+
+
 @pytest.mark.parametrize("name", embedded.EMBEDDED_MODELS)
 def test_loads_offline_fast_in_eval_mode(loaded, name):
     model, tok, seconds = loaded[name]
@@ -89,8 +106,9 @@ def test_loads_offline_fast_in_eval_mode(loaded, name):
     assert next(model.parameters()).dtype == torch.float32
     assert len(tok) == model.config.vocab_size
     assert tok.eos_token_id is not None and tok.pad_token_id is not None and tok.bos_token_id is not None
-    # every layer is an MoE block with fused experts and a gate
-    for layer in model.model.layers:
+    # every layer past the dense ones (DeepSeek's first_k_dense_replace) is an MoE block with fused experts and a gate
+    dense = int(getattr(model.config, "first_k_dense_replace", 0) or 0)
+    for layer in model.model.layers[dense:]:
         assert hasattr(layer.mlp, "gate") and hasattr(layer.mlp.experts, "gate_up_proj")
 
 

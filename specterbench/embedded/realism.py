@@ -102,7 +102,7 @@ ROWS = (
     ("layer_lru_50pct", "per-layer LRU at 50% of expert bytes", ".3f"),
     ("adjacent_reuse", "adjacent-token expert reuse", ".3f"),
     ("popular_half_share", "routed share of the more popular half of experts", ".3f"),
-    ("draft_next_token", "nf4 draft: next-token agreement", ".3f"),
+    ("draft_next_token", "nf4 draft: next-token agreement (argmax; decode: same-noise pick)", ".3f"),
     ("draft_expert_overlap", "nf4 draft: expert-set overlap (|A∩B|/k)", ".3f"),
     ("repeated_8gram_share", "repeated 8-grams among the tokens", ".3f"),
 )
@@ -153,23 +153,54 @@ def nf4_draft(model, spec=None):
 
 
 @torch.no_grad()
-def draft_agreement(model, windows: torch.Tensor, batch_size: int = 16) -> dict:
-    """Teacher-forced next-token (argmax) agreement and per-(token, layer) top-k overlap of the nf4 draft."""
-    draft = nf4_draft(model)
+def draft_agreement(model, draft, windows: torch.Tensor, batch_size: int = 16) -> dict:
+    """Teacher-forced next-token (argmax) agreement and per-(token, layer) top-k overlap of the draft."""
     same_tok = tok = 0
     overlap = slots = 0
     k = int(model.config.num_experts_per_tok)
     for s in range(0, len(windows), batch_size):
-        chunk = windows[s : s + batch_size]
+        chunk = windows[s : s + batch_size]  # [B, T]
         a = model(input_ids=chunk, output_router_logits=True, use_cache=False)
         b = draft(input_ids=chunk, output_router_logits=True, use_cache=False)
         same_tok += int((a.logits.argmax(-1) == b.logits.argmax(-1)).sum())
         tok += chunk.numel()
-        for ra, rb in zip(a.router_logits, b.router_logits):
-            ia, ib = ra.topk(k, dim=-1).indices, rb.topk(k, dim=-1).indices
-            overlap += int((ia.unsqueeze(-1) == ib.unsqueeze(-2)).any(-1).sum())
-            slots += ia.numel()
+        overlap_, slots_ = _expert_overlap(a.router_logits, b.router_logits, k)
+        overlap, slots = overlap + overlap_, slots + slots_
     return {"draft_next_token": same_tok / tok, "draft_expert_overlap": overlap / slots}
+
+
+def _expert_overlap(router_a, router_b, k: int, first: int = 0) -> tuple[int, int]:
+    """Summed |top-k(a) ∩ top-k(b)| and k·tokens over MoE layers, tokens from ``first`` on."""
+    overlap = slots = 0
+    for ra, rb in zip(router_a, router_b):  # each [tokens, E]
+        ia, ib = ra[first:].topk(k, dim=-1).indices, rb[first:].topk(k, dim=-1).indices
+        overlap += int((ia.unsqueeze(-1) == ib.unsqueeze(-2)).any(-1).sum())
+        slots += ia.numel()
+    return overlap, slots
+
+
+@torch.no_grad()
+def sampled_draft_agreement(model, draft, pairs, decode) -> dict:
+    """On the decoded continuations: the share of positions where the draft's own pick under the request's
+    sampler (same Gumbel noise) equals the target's token — what speculative verification accepts — and the
+    draft's expert-set overlap on those tokens."""
+    from specterbench.plugins.strategy import Request
+
+    same = total = overlap = slots = 0
+    k = int(model.config.num_experts_per_tok)
+    for pid, ids, cont in pairs:
+        sampler = Request(pid, tuple(ids), len(cont), decode=decode).sampler()
+        full = torch.tensor([ids + cont])  # [1, P + N]
+        a = model(input_ids=full, output_router_logits=True, use_cache=False)
+        b = draft(input_ids=full, output_router_logits=True, use_cache=False)
+        for i, token in enumerate(cont):
+            position = len(ids) + i  # logits at position - 1 predict it
+            same += sampler.pick(b.logits[0, position - 1], position) == sampler.pick(a.logits[0, position - 1],
+                                                                                     position)
+        total += len(cont)
+        overlap_, slots_ = _expert_overlap(a.router_logits, b.router_logits, k, first=len(ids))
+        overlap, slots = overlap + overlap_, slots + slots_
+    return {"draft_next_token": same / max(1, total), "draft_expert_overlap": overlap / max(1, slots)}
 
 
 def repeated_ngram_share(seqs, n: int = 8) -> float:
@@ -188,9 +219,11 @@ def repeated_ngram_share(seqs, n: int = 8) -> float:
 
 @torch.no_grad()
 def sampled_continuations(model, tokenizer, decode, size: ReportSize = DEFAULT_SIZE, workload: str | None = None):
-    """``(prompt ids, continuation ids)`` of the benchmark prompts under ``decode``: one token per forward with a
+    """``(prompt id, prompt ids, continuation ids)`` of the benchmark prompts under ``decode``: one token per forward with a
     KV cache, each chosen by the prompt's :meth:`Request.sampler` (Gumbel-max noise tied to the seed, prompt id
     and absolute position, exactly as the harness's reference decode draws it)."""
+    from transformers import DynamicCache
+
     from specterbench.bench.workloads import load_workload
     from specterbench.plugins.strategy import Request
 
@@ -200,13 +233,13 @@ def sampled_continuations(model, tokenizer, decode, size: ReportSize = DEFAULT_S
         ids = tuple(tokenizer.encode(item["text"]))[: size.prompt_tokens]
         request = Request(str(item["id"]), ids, new_tokens, decode=decode)
         sampler, position = request.sampler(), len(ids)
-        step = model(input_ids=torch.tensor([ids]), use_cache=True)
-        tokens = [sampler.pick(step.logits[0, -1], position)]
+        kv = DynamicCache(config=model.config)
+        logits = model(input_ids=torch.tensor([ids]), cache=kv, use_cache=True, logits_to_keep=1).logits  # [1, 1, V]
+        tokens = [sampler.pick(logits[0, -1], position)]
         while len(tokens) < new_tokens:
-            step = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=step.past_key_values,
-                         use_cache=True)
-            tokens.append(sampler.pick(step.logits[0, -1], position + len(tokens)))
-        out.append((list(ids), tokens))
+            logits = model(input_ids=torch.tensor([[tokens[-1]]]), cache=kv, use_cache=True).logits
+            tokens.append(sampler.pick(logits[0, -1], position + len(tokens)))
+        out.append((request.id, list(ids), tokens))
     return out
 
 
@@ -217,15 +250,15 @@ def default_workload() -> str:
     return BenchConfig.__dataclass_fields__["workload"].default
 
 
-def decode_traces(model, tokenizer, decode, size: ReportSize = DEFAULT_SIZE) -> tuple[list[np.ndarray], float]:
+def decode_traces(model, tokenizer, decode, size: ReportSize = DEFAULT_SIZE):
     """Routing of the sampled continuation tokens (one ``(T, L, k)`` trace per prompt, the prompt's tokens left
-    out) and the share of repeated 8-grams among them."""
+    out), the share of repeated 8-grams among them, and the ``(prompt id, prompt ids, continuation)`` triples."""
     pairs = sampled_continuations(model, tokenizer, decode, size)
     traces = []
-    for ids, cont in pairs:
+    for _, ids, cont in pairs:
         full = torch.tensor([ids + cont])  # [1, P + N]
         traces.append(capture_traces(model, full)[0][len(ids):])
-    return traces, repeated_ngram_share([c for _, c in pairs])
+    return traces, repeated_ngram_share([c for _, _, c in pairs]), pairs
 
 
 def measure(model, tokenizer, name: str, stand_for: str | None, seq_len: int, decode=None,
@@ -242,14 +275,17 @@ def measure(model, tokenizer, name: str, stand_for: str | None, seq_len: int, de
     traces = capture_traces(model, held)
     tf = lrc.summary(traces, E)
     tf["repeated_8gram_share"] = repeated_ngram_share([w.tolist() for w in held])
+    drafted = nf4_draft(model) if draft else None
     if draft:
-        tf.update(draft_agreement(model, held[: max(1, size.draft_windows)]))
+        tf.update(draft_agreement(model, drafted, held[: max(1, size.draft_windows)]))
     dec = None
     setting = decode if decode is not None else default_decode()
     if decode_column:
-        dtraces, rep = decode_traces(model, tokenizer, setting, size)
+        dtraces, rep, pairs = decode_traces(model, tokenizer, setting, size)
         dec = lrc.summary(dtraces, E)
         dec["repeated_8gram_share"] = rep
+        if draft:
+            dec.update(sampled_draft_agreement(model, drafted, pairs, setting))
     published = load_published()["models"].get(stand_for, {}) if stand_for else {}
     checks = {}
     for key, tol in TOLERANCES.items():
