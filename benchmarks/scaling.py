@@ -1,0 +1,195 @@
+"""The harness at real routing geometries: host milliseconds per decode token on the modeled clock.
+
+Random-init Mixtral-family models with a small hidden size (32) but the routing geometry of real MoE models —
+experts per layer × MoE layers, top-k — priced at their own (tiny) sizes: what is measured is the harness's own
+host time (router → cache → scheduler/clock → strategy), which grows with experts, layers and cache entries,
+not the model's arithmetic. ``python benchmarks/scaling.py`` prints the table; ``bench_scaling.py`` runs the same
+cells under pytest-benchmark (``make bench-wallclock``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+GEOMETRIES = {  # name: (experts per layer, MoE layers, top-k) of the real model
+    "mixtral": (8, 32, 2),
+    "deepseek-v2-lite": (64, 26, 6),
+    "qwen3-30b-a3b": (128, 48, 8),
+    "deepseek-v3": (256, 58, 8),
+}
+STRATEGIES = ("lru", "specter", "oracle", "activation-aware")
+OPTIONS = {"specter": {"k": 4}}
+BUDGET_FRACTION = 0.5
+PROMPT_TOKENS = 16
+NEW_TOKENS = 16
+TARGETS_MS = {("deepseek-v3", "lru"): 15.0, ("deepseek-v3", "specter"): 40.0, ("deepseek-v3", "oracle"): 40.0}
+
+
+def random_model(experts: int, layers: int, top_k: int, seed: int = 0):
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(vocab_size=256, hidden_size=32, intermediate_size=16, num_hidden_layers=layers,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_local_experts=experts,
+                           num_experts_per_tok=top_k, max_position_embeddings=256)
+    torch.manual_seed(seed)
+    model = MixtralForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model.eval()
+
+
+@dataclass
+class World:
+    """One engine at a geometry with its reference (tokens, routing) and calibration, built once."""
+
+    engine: object
+    prompt: tuple[int, ...]
+    reference_tokens: tuple[int, ...]
+    reference_trace: tuple
+    calibration: object
+
+    @classmethod
+    def build(cls, geometry: str) -> "World":
+        from specterbench.engine.engine import Engine
+        from specterbench.plugins.strategy import Calibration, Request
+
+        experts, layers, top_k = GEOMETRIES[geometry]
+        engine = Engine(random_model(experts, layers, top_k), name=f"random-{geometry}")
+        gen = torch.Generator().manual_seed(1)
+        prompt = tuple(torch.randint(0, 256, (PROMPT_TOKENS,), generator=gen).tolist())
+        configure(engine, _Resident(), engine.total_expert_bytes)
+        engine.strategy.prepare(engine)
+        rec = engine.start_recording()
+        request = Request("p0", prompt, NEW_TOKENS)
+        engine.begin_request(request)
+        tokens = tuple(engine.decode(request))
+        engine.stop_recording()
+        sequences = []
+        for i in range(2):  # calibration prompts, apart from the measured one
+            cal = tuple(torch.randint(0, 256, (PROMPT_TOKENS,), generator=gen).tolist())
+            one = engine.start_recording()
+            engine.begin_request(Request(f"c{i}", cal, 4))
+            engine.decode(Request(f"c{i}", cal, 4))
+            engine.stop_recording()
+            sequences.append(one.counts.clone())
+        calibration = Calibration(sum(sequences), (), tuple(sequences))
+        return cls(engine, prompt, tokens, tuple(rec.trace), calibration)
+
+    def request(self):
+        from specterbench.plugins.strategy import Request
+
+        return Request("p0", self.prompt, NEW_TOKENS, self.reference_tokens, self.reference_trace)
+
+    def strategy(self, name: str):
+        from specterbench.plugins.host import get_host
+
+        cls = get_host().strategies().get(name)
+        strategy = cls(**OPTIONS.get(name, {}))
+        configure(self.engine, strategy, int(BUDGET_FRACTION * self.engine.total_expert_bytes))
+        strategy.prepare(self.engine, self.calibration if cls.uses_calibration else None)
+        return strategy
+
+    def host_ms_per_token(self, strategy) -> tuple[float, list[int]]:
+        """Median host CPU ms per decode token of one request (prefill excluded), and the tokens. CPU time of
+        this process, not wall time: the machine is shared, and wall time would count other processes."""
+        engine, request = self.engine, self.request()
+        marks, emit = [], engine.emit
+
+        def timed_emit(n):
+            emit(n)
+            marks.append((time.process_time(), n))
+
+        engine.emit = timed_emit
+        try:
+            engine.begin_request(request)
+            tokens = strategy.generate(engine, request)
+        finally:
+            del engine.emit
+        per_token = [(b - a) * 1e3 / n for (a, _), (b, n) in zip(marks, marks[1:]) for _ in range(n)]
+        return statistics.median(per_token), tokens
+
+
+def stock_ms_per_token(geometry: str) -> float:
+    """The same random model with its own experts module (no offloading): median CPU ms per decode token."""
+    from transformers import DynamicCache
+
+    model = random_model(*GEOMETRIES[geometry])
+    ids = torch.randint(0, 256, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(1))
+    kv = DynamicCache(config=model.config)
+    per_token = []
+    with torch.inference_mode():
+        token = model(input_ids=ids, cache=kv, use_cache=True).logits[0, -1].argmax().view(1, 1)
+        for _ in range(NEW_TOKENS):
+            t0 = time.process_time()
+            token = model(input_ids=token, cache=kv, use_cache=True).logits[0, -1].argmax().view(1, 1)
+            per_token.append((time.process_time() - t0) * 1e3)
+    return statistics.median(per_token)
+
+
+class _Resident:
+    """Every expert on the device: records the reference (not registered: a helper of this benchmark)."""
+
+    name = "reference"
+    lossless = True
+
+    def __new__(cls):
+        from specterbench import Strategy
+
+        class Reference(Strategy):
+            name = "reference"
+
+            def min_cache_bytes(self, engine):
+                return engine.total_expert_bytes
+
+            def prepare(self, engine, calibration=None):
+                for key in engine.store.weights:
+                    engine.prefetch(key)
+
+        return Reference()
+
+
+def configure(engine, strategy, budget_bytes: int) -> None:
+    from specterbench.engine.clocks import ModeledClock
+    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+
+    engine.configure(strategy, budget_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry,
+                                                          BUILTIN_HOST_PROFILES[0]))
+
+
+def main(argv: list[str]) -> int:
+    torch.set_num_threads(1)
+    geometries = argv or list(GEOMETRIES)
+    print(f"host CPU ms per decode token, modeled clock, budget {BUDGET_FRACTION:.0%} of expert bytes, "
+          f"{NEW_TOKENS} new tokens after a {PROMPT_TOKENS}-token prompt (median; random-init, hidden 32)")
+    print("| geometry (experts × MoE layers, top-k) | stock model | " + " | ".join(STRATEGIES) + " |")
+    print("|---|---|" + "---|" * len(STRATEGIES))
+    for geometry in geometries:
+        t0 = time.perf_counter()
+        world = World.build(geometry)
+        cells = [f"{stock_ms_per_token(geometry):.1f}"]
+        for name in STRATEGIES:
+            try:
+                strategy = world.strategy(name)
+                world.host_ms_per_token(strategy)  # warm-up
+                ms, tokens = world.host_ms_per_token(strategy)
+                ok = "" if tuple(tokens) == world.reference_tokens else " (tokens differ!)"
+                target = TARGETS_MS.get((geometry, name))
+                mark = f" (target ≤ {target:g})" if target else ""
+                cells.append(f"{ms:.1f}{mark}{ok}")
+            except Exception as err:  # a strategy's failure is its cell's
+                cells.append(f"error: {type(err).__name__}: {err}"[:80])
+        e, layers, k = GEOMETRIES[geometry]
+        print(f"| {geometry} ({e} × {layers}, top-{k}) | " + " | ".join(cells) + " |", flush=True)
+        print(f"  (built and measured in {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ".")
+    raise SystemExit(main(sys.argv[1:]))
