@@ -392,7 +392,10 @@ def main(argv=None) -> int:
 
     parser = build_parser()
     argv = _join_dash_values(list(sys.argv[1:] if argv is None else argv))
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # a one-line argparse error (or --help): its exit code, also when called in-process
+        return stop.code if isinstance(stop.code, int) else 2
     args.argv = argv
     quiet_library_bars()
     try:

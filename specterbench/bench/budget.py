@@ -33,6 +33,8 @@ def parse_budget(text: str) -> Budget:
                          f"0.35) or a byte count (120MB)")
     m = re.fullmatch(r"(\d+(?:\.\d+)?)%", s)
     if m:
+        if float(m.group(1)) == 0:
+            raise UsageError(f"budget {text!r} is zero; give a positive share of all expert bytes (35%) or bytes")
         return Budget(text, fraction=float(m.group(1)) / 100)
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]i?b|b)?", s)
     if not m:
