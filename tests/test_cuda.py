@@ -15,6 +15,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 SLACK_BYTES = 32 * 2**20  # activations, KV cache, logits and allocator rounding of a short decode
 
 
+def _has_bitsandbytes() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+# without bitsandbytes (not in every GPU image) Specter's draft uses the project's own int4 g128 quantizer
+SPECTER_OPTIONS = {} if _has_bitsandbytes() else {"specter": {"quantizer": "int", "blocksize": 128}}
+
+
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory):  # pragma: no cover - needs CUDA
     from transformers import MixtralConfig
@@ -53,7 +63,8 @@ def ok_or_numerics(row) -> bool:  # pragma: no cover - needs CUDA
 @pytest.mark.parametrize("strategy", ["lru", "on-demand", "oracle", "specter", "cpu-experts"])
 def test_measured_clock_on_cuda_is_lossless_and_counts_copies(host, small_prompts, tmp_path, strategy):
     cfg = BenchConfig(models=("tiny-random-qwen2-moe",), strategies=(strategy,), budgets=(parse_budget("60%"),),
-                      profile="a100-40g-pcie4", clock="measured", device="cuda", prompts=2, tokens=8)
+                      profile="a100-40g-pcie4", clock="measured", device="cuda", prompts=2, tokens=8,
+                      strategy_options=SPECTER_OPTIONS if strategy == "specter" else {})
     row = Runner(host, cfg, tmp_path).run()[0]
     assert row.status == "ok", row.error
     assert row.clock == "measured" and row.tpot_ms > 0
@@ -146,6 +157,7 @@ def test_copies_from_the_store_run_at_pinned_speed(gpu_host):
 
 
 def test_the_4bit_draft_computes_with_packed_kernels(gpu_host):
+    pytest.importorskip("bitsandbytes", reason="the packed 4-bit kernels are bitsandbytes'")
     from specterbench.engine.draft import QuantizedExperts, QuantSpec, roundtrip
     from specterbench.engine.engine import Engine
 

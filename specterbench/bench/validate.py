@@ -118,7 +118,7 @@ def render(comparisons, profile: str, model: str) -> str:
 
 def validate(host, *, profile_path, model: str, strategies, budgets, prompts: int, tokens: int, device: str,
              out: Path, threads: int | None = None, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
-             progress=None) -> tuple[list[Comparison], str]:
+             strategy_options: dict | None = None, progress=None) -> tuple[list[Comparison], str]:
     from specterbench.bench.calibrate import register_profile_file
     from specterbench.bench.runner import BenchConfig, Runner
     from specterbench.engine.sampling import DecodeSetting
@@ -134,7 +134,7 @@ def validate(host, *, profile_path, model: str, strategies, budgets, prompts: in
     base = BenchConfig(models=(name,), strategies=tuple(strategies), budgets=tuple(budgets), profile=profile,
                        host_profile=host_profile or "desktop-ddr5", geometry="own", clock="measured",
                        prompts=prompts, tokens=tokens, device=device, threads=threads, seed=seed,
-                       decode=DecodeSetting(mode="greedy"))
+                       decode=DecodeSetting(mode="greedy"), strategy_options=dict(strategy_options or {}))
     base.validate(host)
     rows = {}
     for clock in ("measured", "modeled"):
@@ -166,6 +166,7 @@ def add_validate_parser(sub) -> None:
     s.add_argument("--out", default=None, help="folder for the results (default results/validate-<time>)")
     s.add_argument("--max-error", type=float, default=None,
                    help="exit 1 when any cell's |error| exceeds this fraction (default: report only)")
+    s.add_argument("--set", action="append", metavar="STRATEGY.OPTION=VALUE", help="strategy option (as in run)")
     s.add_argument("--quiet", action="store_true")
     s.set_defaults(func=cmd_validate)
 
@@ -173,6 +174,7 @@ def add_validate_parser(sub) -> None:
 def cmd_validate(args) -> int:
     from specterbench.bench.calibrate import check_device
     from specterbench.bench.runner import parse_budget
+    from specterbench.cli import _options
     from specterbench.plugins.host import get_host
 
     check_device(args.device)
@@ -188,7 +190,7 @@ def cmd_validate(args) -> int:
     comparisons, text = validate(get_host(), profile_path=args.profile, model=args.model, strategies=strategies,
                                  budgets=budgets, prompts=args.prompts, tokens=args.tokens, device=args.device,
                                  out=Path(args.out), threads=args.threads, dtype=getattr(torch, args.dtype),
-                                 progress=progress)
+                                 strategy_options=_options(args.set), progress=progress)
     print(text, end="")
     print(f"written: {Path(args.out) / 'validate.md'}, {Path(args.out) / 'validate.json'}")
     failed = [c for c in comparisons if c.status != "ok"]
