@@ -41,10 +41,12 @@ class Move:
         def show(v):
             return "none" if v is None else f"{v:.6g}"
 
+        label = "WORSE " if self.worse else "new   " if self.old is None else "better"
+        if self.old is None and self.new is None:  # a cell added, removed or failed
+            return f"{label}  {self.cell} · {self.what}"
         change = (f" ({(self.new - self.old) / abs(self.old) * 100:+.3f}%)"
                   if self.old and self.new is not None else "")
-        return (f"{'WORSE ' if self.worse else 'better'}  {self.cell} · {self.what}: {show(self.old)} → "
-                f"{show(self.new)}{change}")
+        return f"{label}  {self.cell} · {self.what}: {show(self.old)} → {show(self.new)}{change}"
 
 
 def _moved(old: float, new: float, abs_tol: float) -> bool:
@@ -142,7 +144,7 @@ def accept(candidate_dirs, reference_dir=DEFAULT_REFERENCE, rules_path=None, *, 
                  for k, rs in group_rows(candidate).items() if rs[0].status != "ok"]
     worse = [m for m in moves if m.worse]
     print(f"reference: {len(moves)} change(s), {len(worse)} of them worse", file=out)
-    for m in moves:
+    for m in sorted(moves, key=lambda m: m.worse):  # the regressions last, next to the verdict
         print(f"  {m.line()}", file=out)
     if worse and not allow_regression:
         print(f"reference: REFUSED — {len(worse)} regression(s); the reference is unchanged. If they are intended: "
