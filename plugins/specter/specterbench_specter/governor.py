@@ -13,7 +13,8 @@ observed); a share ``hit`` of them is in the cache when the window starts (obser
 most the draft's recall of the rest, what the link moves while the draft runs, and what the layer's share of
 the cache can hold. ``miss_s`` — what one uncovered expert adds to the window — is fitted to the realised
 windows (least squares through the origin on the residual after draft and compute), starting from the cheaper
-of a copy and a host computation. All times are seconds; every forecast and the realised time of the window
+of a copy and a host computation; what remains is corrected per depth by the realised/modelled ratio at the
+nearest depth taken (the calibration prompts take every depth once before the benchmark starts). All times are seconds; every forecast and the realised time of the window
 taken are recorded.
 """
 
@@ -64,6 +65,7 @@ class Governor:
         self.miss_xy, self.miss_xx = 0.0, 0.0  # least squares of residual seconds on misses
         self.prior_miss_s = 0.0
         self.log: list[tuple[int, float, float]] = []  # (K, predicted s, realised s) per window taken
+        self.ratio: dict[int, tuple[float, float]] = {}  # K -> (Σ realised s, Σ model s): the model's bias at K
 
     # ---- observations ------------------------------------------------------------------------------
     @property
@@ -122,10 +124,22 @@ class Governor:
 
     def observe_window(self, forecast: WindowForecast, realised_s: float, misses: int) -> None:
         """The realised time of a window taken; fits ``miss_s`` on what draft and compute do not explain."""
-        explained = forecast.window_s - forecast.misses * self.miss_s()
+        model_s = forecast.window_s / self.bias(forecast.k)
+        explained = model_s - forecast.misses * self.miss_s()
         self.miss_xy += misses * (realised_s - explained)
         self.miss_xx += misses * misses
+        real, pred = self.ratio.get(forecast.k, (0.0, 0.0))
+        self.ratio[forecast.k] = (real + realised_s, pred + model_s)
         self.log.append((forecast.k, forecast.window_s, realised_s))
+
+    def bias(self, k: int) -> float:
+        """Realised over modelled window time at the nearest depth taken so far (1.0 before any): what the
+        model misses at a depth — e.g. host misses queueing behind each other in short windows."""
+        if not self.ratio:
+            return 1.0
+        near = min(self.ratio, key=lambda d: (abs(d - k), d))
+        real, pred = self.ratio[near]
+        return real / pred if pred > 0 else 1.0
 
     def miss_s(self) -> float:
         if self.miss_xx < 4.0:  # too few misses seen to trust the fit
@@ -152,7 +166,7 @@ class Governor:
         misses = s.moe_layers * max(0.0, uncached - planned)
         compute = costs.verify_s(n, u)
         tokens = min(self.expected_tokens(k), costs.remaining)
-        return WindowForecast(k, draft_s + compute + misses * self.miss_s(), tokens, misses)
+        return WindowForecast(k, (draft_s + compute + misses * self.miss_s()) * self.bias(k), tokens, misses)
 
     def choose(self, remaining: int, costs) -> tuple[WindowForecast, list[WindowForecast]]:
         """The cheapest forecast per emitted token among depths that do not overshoot ``remaining`` tokens (K=0

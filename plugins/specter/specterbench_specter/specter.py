@@ -33,7 +33,7 @@ from .governor import K_CHOICES, Governor, Shape, WindowCosts
 from .planner import LookaheadPlanner
 
 HOST_CHOICES = ("auto", "off")
-EXPLORE_K = (0, 2, 4, 8, 16, 32, 0, 6, 12, 24)  # depths tried on a calibration prompt to seed the governor
+EXPLORE_K = (0, 4, 8, 16, 32, 2, 24, 12, 32, 16, 0, 6)  # depths tried on calibration prompts to seed the governor
 
 
 def parse_specter_k(value):
@@ -92,9 +92,12 @@ class Specter(SpeculativeDecoding):
             from specterbench.plugins.strategy import Request
 
             self.explore = list(EXPLORE_K)
-            request = Request("governor-seed", calibration.prompts[0], 2 * sum(EXPLORE_K) // 3 + 8)
-            engine.begin_request(request)
-            self.generate(engine, request)
+            for i, ids in enumerate(calibration.prompts[:2]):  # until every listed depth has had its window
+                if not self.explore:
+                    break
+                request = Request(f"governor-seed-{i}", ids, sum(EXPLORE_K) // 2 + 8)
+                engine.begin_request(request)
+                self.generate(engine, request)
             self.explore = []
         self.reset_metrics()
         self.predictions = []

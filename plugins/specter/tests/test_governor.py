@@ -52,13 +52,15 @@ def test_depths_never_overshoot_what_is_left_to_decode():
     assert max(f.k for f in forecasts) <= 3 and min(f.k for f in forecasts) == 0
 
 
-def test_miss_price_is_fitted_to_realised_windows():
-    g = governor()
-    f = WindowForecast(k=4, window_s=0.01, tokens=3.0, misses=10.0)
-    g.prior_miss_s = 1e-3
-    for _ in range(3):  # each window took 20 ms more than draft and compute explain, over 10 misses
-        g.observe_window(f, 0.01 - 10 * g.miss_s() + 0.02, 10)
-    assert g.miss_s() == pytest.approx(2e-3)
+def test_forecasts_follow_the_realised_windows():
+    g, costs = governor(), FlatCosts()
+    g.choose(128, costs)
+    assert g.forecast(4, costs).window_s < 0.04
+    for _ in range(8):  # every window at K=4 takes 50 ms, more than the model says
+        f = g.forecast(4, costs)
+        g.observe_window(f, 0.05, int(f.misses))
+    assert g.forecast(4, costs).window_s == pytest.approx(0.05, rel=0.15)
+    assert g.log[-1] == (4, pytest.approx(g.log[-1][1]), 0.05)
 
 
 def test_union_grows_as_observed():
