@@ -24,7 +24,8 @@ from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.geometry import Geometry, geometry_from_config
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
-from specterbench.engine.seam import ExpertStore, OffloadedExperts, find_moe_blocks, router_of
+from specterbench.engine.seam import OffloadedExperts, find_moe_blocks, router_of
+from specterbench.engine.store import ExpertStore
 from specterbench.errors import BudgetError, EngineViolation, UsageError
 from specterbench.plugins.strategy import Request, Strategy
 
@@ -70,7 +71,8 @@ class Engine:
         self.tokenizer = tokenizer
         blocks = find_moe_blocks(model)
         self.compute_dtype = next(model.parameters()).dtype
-        self.store = ExpertStore(blocks, store_dtype, pin=self.device.type == "cuda")
+        self.store = ExpertStore(blocks, store_dtype, pin=self.device.type == "cuda",
+                                 device_dtype=self.compute_dtype)  # built layer by layer
         for layer, block in enumerate(blocks):
             block.experts = OffloadedExperts(self, layer, block.experts.act_fn)
         self.gates = [router_of(block) for block in blocks]  # routers, for strategies that predict ahead
@@ -131,6 +133,9 @@ class Engine:
     # ---- cell setup ----------------------------------------------------------------------------------
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
         """Give ``strategy`` a fresh cache of ``budget_bytes`` minus what it keeps on the device itself."""
+        from specterbench.engine.draft import park_unclaimed
+
+        park_unclaimed(self, strategy)  # no quantized draft stays on the device uncharged across cells
         extra = strategy.device_bytes(self)
         cache_bytes = budget_bytes - extra
         need = strategy.min_cache_bytes(self)
