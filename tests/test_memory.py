@@ -199,3 +199,14 @@ def test_the_cache_ledger_counts_the_bytes_its_slots_really_allocate():
     slot = engine.cache.get((0, 0))
     allocated = sum(w.numel() * w.element_size() for w in slot.weights)
     assert slot.nbytes == allocated == engine.cache.used_bytes
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_the_fallback_renamings_equal_transformers_own(tmp_path, family, monkeypatch):
+    from specterbench.engine import checkpoint
+
+    own = load_checkpoint(write_random_checkpoint(tmp_path / family, _tiny_config(family)))[0].state_dict()
+    monkeypatch.setattr(checkpoint, "_renamings", lambda model_type: [
+        checkpoint._Rename(p, r) for p, r in checkpoint._FALLBACK_RENAMES.get(model_type, ())])
+    fallback = load_checkpoint(tmp_path / family)[0].state_dict()
+    assert own.keys() == fallback.keys() and all(torch.equal(own[k], fallback[k]) for k in own)

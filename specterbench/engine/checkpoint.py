@@ -90,11 +90,29 @@ def weight_files(path) -> list[Path]:
                      f"checkpoint's weight files into this folder")
 
 
+# the checkpoint-key renamings of the supported families (transformers 5.x), used where transformers' own table
+# is not importable; tests check both against from_pretrained for every family
+_FALLBACK_RENAMES = {
+    "mixtral": ((r"\.block_sparse_moe\.", ".mlp."),),
+    "phimoe": ((r"\.block_sparse_moe\.", ".mlp."), (r"\.gate\.weight$", ".router.weight")),
+}
+
+
+class _Rename:
+    def __init__(self, pattern: str, repl: str):
+        self.pattern, self.repl = re.compile(pattern), repl
+
+    def rename_source_key(self, key: str):
+        return self.pattern.sub(self.repl, key), None
+
+
 def _renamings(model_type: str):
     """transformers' own checkpoint-key renamings for the family (e.g. Mixtral ``block_sparse_moe`` → ``mlp``)."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming
-
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # another transformers 5.x layout: the project's table of the supported families
+        return [_Rename(p, r) for p, r in _FALLBACK_RENAMES.get(model_type, ())]
     return [t for t in get_checkpoint_conversion_mapping(model_type) or [] if type(t) is WeightRenaming]
 
 
@@ -107,7 +125,11 @@ def _rename(key: str, renamings) -> str:
 def build_empty(config, dtype: torch.dtype):
     """The model with uninitialised parameters (pages not touched, so not resident until filled)."""
     from transformers import AutoModelForCausalLM
-    from transformers.initialization import no_init_weights
+
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older 5.x
+        from transformers.modeling_utils import no_init_weights
 
     with no_init_weights():
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
