@@ -245,13 +245,23 @@ def test_without_counters_the_sampled_throughput_is_the_fallback(fake_gpu):
     fake = fake_gpu(counters_supported=False)
     r = run_cell(fake, "k2", moved_rx=10**9)
     assert r.extra["nvml_source"] == "sampled-throughput"
-    assert r.nvml_h2d_bytes is not None and r.nvml_h2d_bytes != 10**9  # integrated from 1000 KB/s, not counted
+    assert r.nvml_h2d_bytes is not None and r.nvml_h2d_bytes != 10**9  # integrated, not counted  # integrated from 1000 KB/s, not counted
 
 
-def test_a_counter_that_went_backwards_falls_back_to_the_sampler(fake_gpu):
+def test_a_counter_that_went_backwards_leaves_the_columns_empty_with_a_note(fake_gpu):
     fake = fake_gpu()
     r = run_cell(fake, "k3", moved_rx=-5)  # a driver reload resets the counters
-    assert r.extra["nvml_source"] == "sampled-throughput"
+    assert r.nvml_h2d_bytes is None and "went backwards" in r.nvml_note
+
+
+def test_with_counters_no_sampler_thread_runs_beside_the_engine(fake_gpu):
+    fake = fake_gpu()
+    nvml.specterbench_cell_start(cell="k4", engine=SimpleNamespace(device=torch.device("cuda", 0)))
+    assert nvml._cells["k4"].sampler is None
+    assert not any(t.name == "specterbench-nvml" for t in threading.enumerate())
+    r = row(cell="k4")
+    nvml.specterbench_cell_end(cell="k4", row=r)
+    assert r.extra["nvml_memory_used_bytes"] == 123
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device with NVML")

@@ -3,13 +3,14 @@
 A built-in plugin. For each benchmark cell on a CUDA engine it reads the device's **cumulative PCIe byte
 counters** (``nvmlDeviceGetFieldValues`` with ``NVML_FI_DEV_PCIE_COUNT_RX_BYTES`` / ``_TX_BYTES``: bytes the GPU
 received / sent since the driver loaded) at the cell's start and end; the difference is exact, whatever the
-length of the copies. Where the driver or GPU lacks those fields, a :class:`Sampler` thread falls back to the
-throughput counters (``nvmlDeviceGetPcieThroughput``: KB/s over NVML's ~20 ms window), read every
-``interval_s`` and integrated over time (trapezoid rule) — short copies alias with that window, so the fallback
-is noisy. The sampler always runs for the peak of memory used.
+length of the copies, and no thread runs beside the engine. Only where the driver or GPU lacks those fields does
+a :class:`Sampler` thread fall back to the throughput counters (``nvmlDeviceGetPcieThroughput``: KB/s over
+NVML's ~20 ms window), read every ``interval_s`` and integrated over time (trapezoid rule) — short copies alias
+with that window, so the fallback is noisy; it also samples the peak of memory used.
 
 The row gets ``nvml_h2d_bytes`` (RX: host → device), ``nvml_d2h_bytes`` (TX), ``extra["nvml_source"]``
-(``pcie-counters`` or ``sampled-throughput``) and ``extra["nvml_peak_memory_used_bytes"]``; without NVML or a GPU
+(``pcie-counters`` or ``sampled-throughput``) and the memory used (at the end, or the sampled peak); without NVML
+or a GPU
 the row gets ``nvml_note`` saying why, and the byte columns stay empty (never zero).
 
 NVML counts every byte on the link — token ids, logits, other processes on the same GPU — so expect the
@@ -288,13 +289,17 @@ def environment() -> dict:
 
 
 # ---- hooks ---------------------------------------------------------------------------------------
+COUNTER_SETTLE_S = 0.05  # let the driver's PCIe counters take in the cell's last copies before the end reading
+
+
 @dataclass(slots=True)
 class CellCounters:
-    """What a cell started with: the sampler (memory peak, fallback bytes) and the counters' first reading."""
+    """What a cell started with: the counters and their first reading, or (without counters) the sampler."""
 
-    sampler: Sampler
+    source: CounterSource
     counters: PcieCounters | None = None
     start: tuple[int, int] | None = None
+    sampler: Sampler | None = None
 
 
 _cells: dict[str, CellCounters | str] = {}  # cell key -> what runs for it, or the note why nothing does
@@ -312,11 +317,11 @@ def specterbench_cell_start(cell, engine):
     except NvmlUnavailable as err:
         _cells[cell] = str(err)
         return
-    counters = open_counters(source)
-    state = CellCounters(Sampler(source))
-    if counters is not None:
-        state.counters, state.start = counters, counters.read()
-    state.sampler.start()
+    state = CellCounters(source, open_counters(source))
+    if state.counters is not None:  # exact, and no thread competing with the engine for the GIL
+        state.start = state.counters.read()
+    else:
+        state.sampler = Sampler(source).start()
     _cells[cell] = state
 
 
@@ -329,31 +334,37 @@ def specterbench_cell_end(cell, row):
     if isinstance(state, str):
         row.nvml_note = state
         return
-    end = None
     try:
         if state.counters is not None:
-            try:
-                end = state.counters.read()
-            except (NvmlUnavailable, state.counters.pynvml.NVMLError):
-                end = None
-        total = state.sampler.stop()
+            fill_from_counters(row, state)
+        else:
+            fill_row(row, state.sampler.stop(), state.sampler.error)
     finally:
-        if isinstance(state.sampler.source, NvmlSource):
+        if isinstance(state.source, NvmlSource):
             shutdown()
-    fill_row(row, total, state.sampler.error, state.start, end)
 
 
-def fill_row(row, total: Integrated, error, start=None, end=None) -> None:
-    """Bytes from the counters when both readings exist (and moved forward), else from the sampled integral."""
+def fill_from_counters(row, state: CellCounters) -> None:
+    time.sleep(COUNTER_SETTLE_S)
+    try:
+        end = state.counters.read()
+        memory = state.source.read()[2]
+    except (NvmlUnavailable, state.counters.pynvml.NVMLError) as err:
+        row.nvml_note = f"NVML PCIe counters failed at the end of the cell: {err}"
+        return
+    if end[0] < state.start[0] or end[1] < state.start[1]:
+        row.nvml_note = "NVML PCIe counters went backwards during the cell (driver reset?); no NVML bytes"
+        return
+    row.nvml_h2d_bytes, row.nvml_d2h_bytes = end[0] - state.start[0], end[1] - state.start[1]
+    row.extra["nvml_source"] = "pcie-counters"
+    row.extra["nvml_memory_used_bytes"] = memory  # at the cell's end (the peak is peak_device_bytes)
+
+
+def fill_row(row, total: Integrated, error) -> None:
+    """Bytes integrated from the sampled throughput (the fallback where a GPU has no PCIe byte counters)."""
     row.extra["nvml_peak_memory_used_bytes"] = total.peak_memory_used_bytes
     row.extra["nvml_samples"] = total.samples
     row.extra["nvml_duration_s"] = total.duration_s
-    if start is not None and end is not None and end[0] >= start[0] and end[1] >= start[1]:
-        row.nvml_h2d_bytes, row.nvml_d2h_bytes = end[0] - start[0], end[1] - start[1]
-        row.extra["nvml_source"] = "pcie-counters"
-        if error is None and total.samples >= 2:
-            row.extra["nvml_sampled_h2d_bytes"] = int(round(total.rx_bytes))  # the fallback, for comparison
-        return
     if error is not None:
         row.nvml_note = f"NVML sampling failed: {type(error).__name__}: {error}"
         return
