@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
 
 QUANTIZERS = ("bnb", "int", "hqq")
@@ -229,22 +230,18 @@ class QuantizedExperts:
         return F.linear(x, self.dense[key][i])
 
     def __call__(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
-        engine = self.engine
-        counts = torch.bincount(top_k_index.reshape(-1), minlength=engine.num_experts)
-        experts = counts.nonzero().flatten().tolist()
-        n_tokens = counts[experts].tolist()
-        self.routing.append((layer, experts, n_tokens))
-        out = torch.zeros_like(hidden)
-        for e in experts:
-            token_idx, pos = torch.where(top_k_index == e)
+        groups = group_tokens(top_k_index, top_k_weights, self.engine.num_experts)
+        self.routing.append((layer, groups.experts, groups.tokens_per_expert))
+        out = torch.zeros_like(hidden)  # [T, H]
+        for e, token_idx, scale in groups:  # token_idx [n], scale [n, 1]
             gate, up = self._linear(hidden[token_idx], (layer, e), 0).chunk(2, dim=-1)
-            y = self._linear(act_fn(gate) * up, (layer, e), 1) * top_k_weights[token_idx, pos, None]
+            y = self._linear(act_fn(gate) * up, (layer, e), 1) * scale  # [n, H]
             out.index_add_(0, token_idx, y.to(out.dtype))
-        self.charge_fused(n_tokens)
+        self.charge_fused(groups.tokens_per_expert)
         return out
 
     def charge_fused(self, n_tokens) -> None:
         """Modeled cost of one layer's routed experts as one fused low-bit MoE kernel (the cost model's
         ``experts_fused``: every routed expert's FLOPs and quantized bytes, one expert's launches)."""
-        clock = self.engine.clock
-        clock.compute(*clock.costs.experts_fused(n_tokens, self.bytes_ratio))
+        engine = self.engine
+        engine.charge(engine.clock.costs.experts_fused(n_tokens, self.bytes_ratio))

@@ -96,13 +96,7 @@ class ArtifactPlanner:
 
     def barrier(self) -> None:
         """Before verification: the compute stream waits for every planned copy still in flight."""
-        engine = self.engine
-        while True:
-            arrivals = [engine.expected_arrival(k) for k in self.planned if k in engine.cache]
-            last = max((a for a in arrivals if a is not None), default=0.0)
-            if last <= engine.clock.now():
-                return
-            engine.clock.wait_until(last)
+        self.engine.wait_for(sorted(self.planned))
 
 
 class LookaheadPlanner:
