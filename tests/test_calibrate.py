@@ -129,3 +129,25 @@ def test_a_malformed_shape_is_one_line(capsys):
 
     assert main(["calibrate", "--device", "cpu", "--shape", "4096x14336"]) == 2
     assert "write HIDDEN,INTER" in capsys.readouterr().err
+
+
+def test_a_second_file_with_the_same_name_and_other_figures_is_refused(measured, tmp_path):
+    import dataclasses
+
+    from specterbench.plugins.host import get_host, reset_host
+
+    first = cal.write_profile_file(measured, tmp_path / "a.toml")
+    other = dataclasses.replace(measured, profile=dataclasses.replace(measured.profile, launch_us=123.0))
+    second = cal.write_profile_file(other, tmp_path / "b.toml")
+    reset_host()
+    try:
+        host = get_host()
+        cal.register_profile_file(host, first)
+        with pytest.raises(UsageError, match="already taken"):
+            cal.register_profile_file(host, second)
+        with pytest.raises(UsageError, match="already taken"):  # a built-in name cannot be shadowed either
+            builtin = dataclasses.replace(measured, profile=dataclasses.replace(measured.profile,
+                                                                                 name="a100-40g-pcie4"))
+            cal.register_profile_file(host, cal.write_profile_file(builtin, tmp_path / "c.toml"))
+    finally:
+        reset_host()

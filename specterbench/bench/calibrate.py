@@ -286,8 +286,13 @@ class _FileProfiles:
 def register_profile_file(host, path) -> tuple[str, str | None]:
     """Register the file's profiles with the plugin host; returns ``(profile name, host profile name or None)``."""
     profile, host_profile = load_profile_file(path)
-    if profile.name not in host.profiles().names():
-        host.register(_FileProfiles(profile, host_profile), f"profile-file:{Path(path).resolve()}")
+    known = host.profiles().items.get(profile.name)
+    if known is not None:
+        if known.obj != profile:
+            raise UsageError(f"--profile {path}: its name {profile.name!r} is already taken by "
+                             f"{known.plugin.name!r} with other figures; rename it (calibrate --name, or edit name)")
+        return profile.name, host_profile.name if host_profile else None
+    host.register(_FileProfiles(profile, host_profile), f"profile-file:{Path(path).resolve()}")
     return profile.name, host_profile.name if host_profile else None
 
 
