@@ -157,3 +157,12 @@ def test_the_command_line_answers_a_bad_model_path_in_one_line_with_exit_2(check
     assert code == 2
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert {"config": "corrupt JSON", "weights": "no weights", "family": "'llama'"}[damage] in err
+
+
+def test_a_random_checkpoint_of_any_size_is_one_command(tmp_path, capsys):
+    from specterbench.engine.checkpoint import main
+
+    assert main([str(tmp_path / "big"), "--family", "mixtral", "num_hidden_layers=3", "num_local_experts=4"]) == 0
+    spec = local_spec(tmp_path / "big")
+    assert "3 layers, 4 experts, top-2" in spec.description
+    assert main([str(tmp_path / "bad"), "--family", "mixtral", "no_such_field=1"]) == 2

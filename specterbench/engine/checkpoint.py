@@ -354,3 +354,37 @@ def write_random_checkpoint(path, config, *, seed: int = 0, std: float = 0.02, d
     flush()
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return path
+
+
+def main(argv=None) -> int:
+    """``python -m specterbench.engine.checkpoint DIR --family mixtral [KEY=VALUE ...]``: write a random-init
+    checkpoint of a supported family, from the project's tiny config of that family with config fields overridden
+    (e.g. ``num_hidden_layers=32 num_local_experts=8 hidden_size=512``), for ``--model-path DIR``."""
+    import argparse
+    import sys
+
+    from specterbench.engine.models import _tiny_config
+
+    p = argparse.ArgumentParser(prog="python -m specterbench.engine.checkpoint", description=main.__doc__)
+    p.add_argument("out", help="folder to write")
+    p.add_argument("--family", required=True, choices=SUPPORTED_FAMILIES)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("fields", nargs="*", metavar="KEY=VALUE", help="config fields (JSON values)")
+    args = p.parse_intermixed_args(argv)
+    config = _tiny_config(args.family)
+    for pair in args.fields:
+        key, sep, value = pair.partition("=")
+        if not sep or not hasattr(config, key):
+            print(f"error: {pair!r} is not KEY=VALUE of a {args.family} config field", file=sys.stderr)
+            return 2
+        try:
+            setattr(config, key, json.loads(value))
+        except json.JSONDecodeError:
+            setattr(config, key, value)
+    path = write_random_checkpoint(args.out, config, seed=args.seed)
+    print(f"written: {path} (run it with --model-path {path})")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
