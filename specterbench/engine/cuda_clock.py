@@ -22,7 +22,7 @@ from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler, Transf
 class CudaClock(_Backlog):  # pragma: no cover - needs CUDA
     kind = "measured"
 
-    def __init__(self, device, costs: CostModel | None = None, max_in_flight: int = 1):
+    def __init__(self, device, costs: CostModel | None = None, max_in_flight: int = 2):
         import torch
 
         self.torch = torch
