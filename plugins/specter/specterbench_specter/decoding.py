@@ -39,9 +39,9 @@ def parse_k(value, allowed: tuple[int, ...] | None = None, auto: bool = True):
     try:
         k = int(value)
     except (TypeError, ValueError):
-        raise UsageError(f"specter option k={value!r} is invalid: use {choices}") from None
+        raise UsageError(f"option k={value!r} is invalid: use {choices}") from None
     if (k not in allowed) if allowed else not 1 <= k <= MAX_K:
-        raise UsageError(f"specter option k={k} is out of range: use {choices}")
+        raise UsageError(f"option k={k} is out of range: use {choices}")
     return k
 
 

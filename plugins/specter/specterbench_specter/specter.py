@@ -45,7 +45,7 @@ def parse_specter_k(value):
     except (TypeError, ValueError):
         k = None
     if k is None or not 0 <= k <= MAX_K:
-        raise UsageError(f"specter option k={value!r} is out of range: use 'auto' or an integer from 0 to {MAX_K}")
+        raise UsageError(f"option k={value!r} is out of range: use 'auto' or an integer from 0 to {MAX_K}")
     return k
 
 
@@ -66,7 +66,7 @@ class Specter(SpeculativeDecoding):
     def validate_options(cls, options: dict) -> None:
         super().validate_options(options)
         if str(options.get("host", "auto")) not in HOST_CHOICES:
-            raise UsageError(f"specter option host={options.get('host')!r} is invalid: use one of "
+            raise UsageError(f"option host={options.get('host')!r} is invalid: use one of "
                              f"{', '.join(HOST_CHOICES)}")
 
     def __init__(self, **options):
