@@ -33,16 +33,36 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+def _clear_cuda_error() -> None:  # pragma: no cover - needs CUDA
+    """Reset the CUDA runtime's last error after a refused registration, so that the next kernel-launch check of
+    torch does not report it; uses the libcudart this process has loaded (found in /proc/self/maps)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart" in line}
+    except OSError:
+        return
+    for path in paths:
+        try:
+            ctypes.CDLL(path).cudaGetLastError()
+        except (OSError, AttributeError):
+            continue
+
+
 def _register_in_place(tensors: list[torch.Tensor]) -> list[torch.Tensor]:  # pragma: no cover - needs CUDA
-    """Page-lock large tensors where they lie; returns the ones registered (to unregister later)."""
+    """Page-lock large tensors where they lie; returns the ones registered (to unregister later). Where the
+    driver refuses (some sandboxes do), nothing is registered and the caller copies into pinned memory."""
     cudart = torch.cuda.cudart()
     done = []
     for t in tensors:
         if _nbytes(t) < REGISTER_MIN_BYTES:
             continue
         err = cudart.cudaHostRegister(t.data_ptr(), _nbytes(t), 0)
-        if int(err) == 0:
-            done.append(t)
+        if int(err) != 0:
+            _clear_cuda_error()
+            break  # one refusal: the driver will refuse the rest too
+        done.append(t)
     return done
 
 
