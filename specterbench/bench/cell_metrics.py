@@ -1,0 +1,101 @@
+"""A finished cell's numbers: speed, traffic and cache metrics from the engine's samples, and the check of its
+tokens against the reference (lossless strategies fail on a divergence unless it is numerics)."""
+
+from __future__ import annotations
+
+import statistics
+
+from specterbench.bench.results import ResultRow
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    import resource
+    import sys
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def _p90(xs):
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
+
+
+def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
+    """The row's speed, traffic and cache metrics from the engine and the per-request samples (warm-up excluded)."""
+    ttft, tpot, host, tokens, decode_s = [], [], [], 0, 0.0
+    for samples in all_samples:
+        first, rest = samples[0], samples[1:]
+        ttft.append(first.clock_s * 1e3 if row.clock != "host" else first.wall_s * 1e3)
+        tokens += sum(s.tokens for s in samples)
+        for s in rest:
+            tpot.extend([s.clock_s * 1e3 / s.tokens] * s.tokens)
+            host.extend([s.wall_s * 1e3 / s.tokens] * s.tokens)
+            decode_s += s.clock_s if row.clock != "host" else s.wall_s
+    decode_tokens = sum(s.tokens for samples in all_samples for s in samples[1:])
+    st, totals = engine.stats, engine.clock.totals
+    if row.clock != "host":
+        row.tpot_ms, row.tpot_p90_ms = _median(tpot), _p90(tpot)
+    row.ttft_ms = _median(ttft)
+    row.tokens_per_s = decode_tokens / decode_s if decode_s > 0 else None
+    row.host_ms_per_token = _median(host)
+    row.hits, row.misses = st.hits, st.misses
+    row.hit_rate = st.hits / (st.hits + st.misses) if st.hits + st.misses else None
+    row.h2d_bytes, row.demand_bytes, row.prefetch_bytes = st.h2d_bytes, st.demand_bytes, st.prefetch_bytes
+    row.h2d_bytes_per_token = st.h2d_bytes / tokens if tokens else None
+    row.prefetch_issued, row.prefetch_used, row.prefetch_wasted = (st.prefetch_issued, st.prefetch_used,
+                                                                   st.prefetch_wasted)
+    row.host_experts, row.activation_bytes, row.substituted = st.host_experts, st.activation_bytes, st.substituted
+    row.stall_ms_per_token = totals.stall_s * 1e3 / tokens if tokens and row.clock != "host" else None
+    row.peak_cache_bytes = engine.cache.peak_bytes
+    row.samples = {"tpot_ms": tpot if row.clock != "host" else [], "host_ms": host, "ttft_ms": ttft}
+    row.extra.update(strategy.metrics())
+
+
+def check_tokens(row: ResultRow, outputs, reference, lossless: bool, numerics=None) -> None:
+    """Token agreement with the reference; a lossless strategy's first divergence fails its row, unless
+    (given ``numerics`` = (prompt ids by id, compute dtype, decode setting)) the reference's top-2 margin there
+    is below the compute dtype's rounding: then it is numerics, noted in ``extra``, and the row stays ok."""
+    from specterbench.bench.numerics import classify_divergence
+
+    same = total = 0
+    first = None
+    for pid, toks in outputs.items():
+        ref = reference.tokens[pid]
+        n = max(len(ref), len(toks))
+        for i in range(n):
+            a = toks[i] if i < len(toks) else None
+            b = ref[i] if i < len(ref) else None
+            total += 1
+            if a == b:
+                same += 1
+            elif first is None:
+                first = {"prompt": pid, "position": i, "got": a, "expected": b}
+    row.token_agreement = same / total if total else None
+    row.lossless = first is None
+    row.first_divergence = first
+    if lossless and first is not None:
+        note = None
+        if numerics is not None:
+            prompt_ids, dtype, decode = numerics
+            note = classify_divergence(reference.margins.get(first["prompt"]),
+                                       len(prompt_ids[first["prompt"]]) + first["position"], dtype,
+                                       decode.temperature if decode.mode == "sample" else None)
+        if note is not None:
+            row.extra["divergence"] = note
+            return
+        row.status = "diverged"
+        row.error = (f"tokens differ from the reference at prompt {first['prompt']} position "
+                     f"{first['position']}: got {first['got']}, expected {first['expected']}")
+
+
+def _samples(samples) -> dict:
+    return {"tokens": [s.tokens for s in samples], "clock_ms": [s.clock_s * 1e3 for s in samples],
+            "host_ms": [s.wall_s * 1e3 for s in samples]}
