@@ -1,0 +1,147 @@
+"""What a strategy may do to the device cache through the engine: prefetch, cancel, evict, make room, ask.
+
+:class:`CacheControl` is the part of :class:`~specterbench.engine.engine.Engine` that queues copies into the
+cache and takes them out. Every call is O(1) in the cache's size (``evictable()`` builds a list: O(cache)); the
+eviction candidates a strategy receives are a live view (:class:`~specterbench.engine.cache.Candidates`).
+"""
+
+from __future__ import annotations
+
+from typing import Collection
+
+import torch
+
+from specterbench.engine.cache import Candidates, ExpertKey, PrefetchResult, Slot
+from specterbench.errors import EngineViolation
+
+
+class CacheControl:
+    """Mixed into the engine: needs ``cache``, ``clock``, ``store``, ``strategy``, ``stats``, ``device``,
+    ``compute_dtype``, ``expert_bytes`` and ``priced_expert_bytes``."""
+
+    def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
+        """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
+        ``priority`` starts earlier (ties in issue order); see :mod:`specterbench.plugins.strategy`."""
+        slot = self.cache.get(key)
+        if slot is not None:
+            return PrefetchResult.CACHED if self.clock.ready(slot.transfer) else PrefetchResult.IN_FLIGHT
+        if self.cache.free_bytes < self.expert_bytes:
+            return PrefetchResult.NO_ROOM
+        self._fetch(key, priority, prefetched=True, protect=())
+        return PrefetchResult.QUEUED
+
+    def cancel(self, key: ExpertKey) -> bool:
+        """Drop the queued copy of ``key`` and its entry (its bytes are free again). False when ``key`` is not
+        cached or its copy has started (then wait for it, or evict it once it has landed)."""
+        slot = self.cache.get(key)
+        if slot is None or key == self.cache.in_use or not self.clock.cancel(slot.transfer):
+            return False
+        self.stats.prefetch_cancelled += 1
+        self._unledger(slot)
+        self.cache.remove(key)
+        return True
+
+    def evict(self, key: ExpertKey) -> None:
+        """Drop a cached expert; a copy not yet started is cancelled, one on the link cannot be evicted."""
+        slot = self.cache.get(key)
+        if slot is None:
+            raise EngineViolation(f"expert {key} is not cached, so it cannot be evicted")
+        if not self.clock.ready(slot.transfer):
+            if not self.clock.cancel(slot.transfer):
+                raise EngineViolation(f"expert {key} is still being copied and cannot be evicted until it lands")
+            self.stats.prefetch_cancelled += 1
+            self._unledger(slot)
+        elif slot.prefetched and not slot.used:
+            self.stats.prefetch_wasted += 1
+        self.cache.remove(key)
+
+    def candidates(self, protect: Collection[ExpertKey] = ()) -> Candidates:
+        """Cached experts that may be evicted now (not in use, not on the link, not in ``protect``), least
+        recently used first: a live view (see :class:`~specterbench.engine.cache.Candidates`)."""
+        excluded = set(protect) if protect else set()
+        if self.cache.in_use is not None:
+            excluded.add(self.cache.in_use)
+        for t in self.clock.in_flight():
+            excluded.add(t.key)
+        return Candidates(self.cache, excluded)
+
+    def evictable(self) -> list[ExpertKey]:
+        """Cached experts that may be evicted now, least recently used first (a list: O(cache))."""
+        return list(self.candidates())
+
+    def make_room(self, nbytes: int, protect=(), needed: ExpertKey | None = None, force: bool = False) -> bool:
+        """Evict the strategy's choices until ``nbytes`` are free. False when nothing more may be evicted, or
+        when the strategy declines (``choose_victim`` returned None) and ``force`` is not set; with ``force``
+        the least recently used candidate goes, so that a forward always makes progress. When only copies on
+        the link stand in the way, the host waits for the first to land (never spinning)."""
+        cache = self.cache
+        while cache.free_bytes < nbytes:
+            candidates = self.candidates(protect)
+            if not candidates:
+                landing = [t for t in self.clock.in_flight() if t.key not in protect and t.key in cache]
+                if not landing:
+                    return False
+                self.clock.wait_landed(landing[0])
+                continue
+            victim = self.strategy.choose_victim(candidates, needed)
+            if victim is None:
+                if not force:
+                    return False
+                victim = candidates[0]
+            if victim not in candidates:
+                raise EngineViolation(f"strategy {self.strategy.name!r} chose {victim} to evict, which is not "
+                                      f"evictable now (in use, mid-copy, protected or not cached)")
+            self.evict(victim)
+        return True
+
+    def link_bytes_per_s(self) -> float | None:
+        """The link bandwidth measured from copies that have moved so far (None before the first; the profile's
+        figure: ``engine.costs.link_bytes_per_s()``)."""
+        t = self.clock.totals
+        return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else None
+
+    def expected_arrival(self, key: ExpertKey) -> float | None:
+        """Clock time (seconds, ``clock.now()``'s scale) when ``key``'s copy lands — in the past once landed;
+        for a queued copy, if nothing outranks it later. None when ``key`` is not cached."""
+        slot = self.cache.get(key)
+        return None if slot is None else self.clock.expected_arrival(slot.transfer)
+
+    def landed(self, key: ExpertKey) -> bool:
+        """Whether ``key`` is cached and its copy has landed."""
+        slot = self.cache.get(key)
+        return slot is not None and self.clock.ready(slot.transfer)
+
+    def wait_for(self, keys) -> None:
+        """A barrier: the compute stream waits until every cached one of ``keys`` has landed (queued copies
+        among them become demand fetches)."""
+        for key in keys:
+            slot = self.cache.get(key)
+            if slot is not None:
+                self.clock.wait(slot.transfer)
+
+    def _fetch(self, key: ExpertKey, priority: float, *, prefetched: bool, protect, force=False) -> Slot | None:
+        if not self.make_room(self.expert_bytes, protect=protect, needed=key, force=force):
+            return None
+        src = self.store.weights[key]
+        dst = tuple(torch.empty(w.shape, dtype=self.compute_dtype, device=self.device) for w in src)
+
+        def copy():  # run by the clock when the copy starts (measured) or at once (modeled)
+            for d, w in zip(dst, src):
+                d.copy_(w, non_blocking=True)
+
+        transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
+        self.cache.insert(Slot(key, self.expert_bytes, dst, transfer, prefetched))
+        self.stats.h2d_bytes += self.expert_bytes
+        if prefetched:
+            self.stats.prefetch_issued += 1
+            self.stats.prefetch_bytes += self.expert_bytes
+        else:
+            self.stats.demand_bytes += self.expert_bytes
+        return self.cache.get(key)
+
+    def _unledger(self, slot: Slot) -> None:
+        self.stats.h2d_bytes -= slot.nbytes
+        if slot.prefetched:
+            self.stats.prefetch_bytes -= slot.nbytes
+        else:
+            self.stats.demand_bytes -= slot.nbytes
