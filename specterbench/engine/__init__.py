@@ -1,10 +1,13 @@
 """The engine: one offloaded MoE forward pass and everything it is made of.
 
-engine.py (Engine: the decode loop and the per-layer expert path), cache.py (the byte-budgeted device
-cache), seam.py (the transformers seam: host expert store, stand-in experts module), clocks.py (the clock
-interface and its modeled, CUDA and host implementations), geometry.py and profiles.py (what a modeled
-clock prices: real-model sizes and hardware figures), draft.py (the quantized self-draft), models.py
-(embedded models and real checkpoints by name), sampling.py (greedy and Gumbel-max coupled sampling).
+engine.py (Engine: the decode loop and the MoE seam's entry), moe_layer.py (one MoE layer in its phases),
+residency.py (what strategies may do to the cache: prefetch, cancel, evict, make room), cache.py (the
+byte-budgeted device cache and its per-layer view), routing.py (the one grouping of tokens per layer, router
+signals), seam.py / store.py (the transformers seam: stand-in experts module, host expert store), clocks.py (the
+Clock protocol and the modeled clock; host_clock.py and cuda_clock.py the measured ones), scheduler.py (the one
+copy scheduler every clock uses), costs.py (the one cost model and ``engine.costs``), geometry.py and
+profiles.py (what a modeled clock prices), draft.py (the quantized self-draft), models.py (embedded models and
+real checkpoints by name), sampling.py (greedy and Gumbel-max coupled sampling).
 """
 
 from __future__ import annotations
