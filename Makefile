@@ -38,7 +38,7 @@ GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_
   --run-id $(1)-{} > results/gate-logs/$(1)-{}.log 2>&1 || test $$? -eq 1 || { cat results/gate-logs/$(1)-{}.log; exit 2; }'
 BENCH_COMPARE_FAIL ?= median:25%
 
-.PHONY: install bench test conformance list clean models workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
+.PHONY: install bench test test-slow conformance list clean models workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ bench:
 
 test:
 	$(BIN)/python -m pytest
+
+# the suite plus the slow tests (peak host memory while loading a 1 GB checkpoint)
+test-slow:
+	SPECTERBENCH_SLOW_TESTS=1 $(BIN)/python -m pytest
 
 # the plugin conformance battery against every registered strategy (a strategy author runs it for theirs:
 # pytest --specterbench-strategy=NAME)
