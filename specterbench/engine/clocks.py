@@ -332,5 +332,14 @@ class ModeledClock(_Backlog):
         """The host reads the step's tokens: nothing to wait for beyond the compute stream itself."""
 
 
-from specterbench.engine.host_clock import HostWallClock  # noqa: E402  (it builds on the names above)
-from specterbench.engine.cuda_clock import CudaClock  # noqa: E402  (it builds on the names above)
+def __getattr__(name: str):
+    """The measured clocks live in their own modules (they build on the names above); imported on first use."""
+    if name == "HostWallClock":
+        from specterbench.engine.host_clock import HostWallClock
+
+        return HostWallClock
+    if name == "CudaClock":
+        from specterbench.engine.cuda_clock import CudaClock
+
+        return CudaClock
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
