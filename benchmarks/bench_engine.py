@@ -20,16 +20,18 @@ def test_decode_step(benchmark, world, name):
     """The first decode token after the prefill: router → cache → clock → expert compute, every MoE layer."""
     engine, strategy, request = world.engine, world.strategy(name), world.request()
 
+    sampler, position = request.sampler(), len(request.prompt_ids)  # tokens chosen as the reference chose them
+
     def setup():  # a fresh request and its prefill, not timed
         engine.begin_request(request)
         kv = engine.new_kv_cache()
-        token = int(engine.forward(torch.tensor([request.prompt_ids]), kv)[-1].argmax())
+        token = sampler.pick(engine.forward(torch.tensor([request.prompt_ids]), kv)[-1], position)
         engine.emit(1)
         strategy.on_step_end([token])
         return (token, kv), {}
 
     def step(token, kv):
-        nxt = int(engine.forward(torch.tensor([[token]]), kv)[-1].argmax())
+        nxt = sampler.pick(engine.forward(torch.tensor([[token]]), kv)[-1], position + 1)
         engine.emit(1)
         strategy.on_step_end([nxt])
         return nxt

@@ -50,7 +50,8 @@ class World:
         from specterbench import Request
 
         pid, ids = self.prompts[i]
-        return Request(pid, ids, new_tokens, self.reference.tokens[pid], self.reference.traces[pid])
+        return Request(pid, ids, new_tokens, self.reference.tokens[pid], self.reference.traces[pid],
+                       self.config.decode)  # the reference's decode setting: same tokens
 
 
 @pytest.fixture(scope="session")

@@ -160,3 +160,31 @@ def test_a_one_token_layer_groups_like_a_longer_one():
     assert one.experts == [2, 5, 7] and one.tokens_per_expert == [1, 1, 1]
     assert [float(s) for _, _, s in one] == pytest.approx([0.3, 0.5, 0.2])
     assert all(rows.tolist() == [0] for _, rows, _ in one) and one.counts.tolist() == [0, 0, 1, 0, 0, 1, 0, 1]
+
+
+def test_released_device_bytes_go_to_the_cache_up_to_the_budget(engine):
+    class Holder(Strategy):
+        name = "holder"
+
+        def device_bytes(self, engine):
+            return 2 * engine.expert_bytes
+
+    configure(engine, Holder(), slots=5)
+    assert engine.cache.capacity_bytes == 3 * engine.expert_bytes
+    engine.release_device_bytes(engine.expert_bytes)
+    assert engine.cache.capacity_bytes == 4 * engine.expert_bytes
+    with pytest.raises(Exception, match="not yet released"):
+        engine.release_device_bytes(2 * engine.expert_bytes)
+
+
+def test_default_option_and_budget_checks_accept_everything(engine):
+    Strategy.validate_options({"anything": 1})
+    Strategy.check_budget(engine, 1, {})
+    assert Strategy().engine is None
+
+
+def test_candidates_add_like_the_lists_of_contract_v1(engine):
+    configure(engine, Strategy(), slots=4)
+    engine.prefetch((0, 1))
+    engine.clock.compute(0, 1e12)
+    assert engine.candidates() + [(1, 1)] == [(0, 1), (1, 1)] and [(1, 1)] + engine.candidates() == [(1, 1), (0, 1)]

@@ -150,6 +150,12 @@ class Candidates(Sequence):
             raise IndexError("candidate index out of range")
         return list(self)[i]
 
+    def __add__(self, other) -> list:
+        return list(self) + list(other)
+
+    def __radd__(self, other) -> list:
+        return list(other) + list(self)
+
     def __eq__(self, other) -> bool:
         return list(self) == list(other) if isinstance(other, (list, tuple, Candidates)) else NotImplemented
 

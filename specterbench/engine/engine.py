@@ -98,13 +98,17 @@ class Engine(CacheControl):
         self.context_len = 1  # positions the forward attends to, its own included
         self._host_threads: int | None = None
         self._wants_landed = False
+        self._budget_bytes = self._device_bytes_left = 0
         self._pending: set = set()
         self._mark = (0.0, 0.0, 0.0)
 
     # ---- sizes -------------------------------------------------------------------------------------
     @property
     def expert_bytes(self) -> int:
-        return self.store.expert_bytes
+        """Bytes one expert holds in the device cache, the budget's unit: on CUDA what it really allocates (the
+        compute dtype); elsewhere the store's 16-bit bytes (so budgets and modeled results do not depend on the
+        CPU's compute dtype). What one copy moves is ``store.expert_bytes``."""
+        return self.store.device_expert_bytes if self.device.type == "cuda" else self.store.expert_bytes
 
     @property
     def priced_expert_bytes(self) -> int:
@@ -124,7 +128,7 @@ class Engine(CacheControl):
 
     @property
     def total_expert_bytes(self) -> int:
-        return self.store.total_bytes
+        return self.expert_bytes * len(self.store.weights)
 
     def min_budget_bytes(self) -> int:
         """What one decode forward needs: the top-k experts of one layer."""
@@ -145,6 +149,7 @@ class Engine(CacheControl):
                 f"strategy {strategy.name!r} keeps on the device; it needs at least {need + extra} bytes "
                 f"({(need + extra) / self.total_expert_bytes:.1%} of expert bytes)")
         self.cache = DeviceCache(cache_bytes)
+        self._budget_bytes, self._device_bytes_left = int(budget_bytes), int(extra)
         self.clock = self._bind(clock)
         self.strategy = strategy
         self.stats = EngineStats()
@@ -152,6 +157,16 @@ class Engine(CacheControl):
         self._host_threads = None
         self._wants_landed = type(strategy).on_copy_landed is not Strategy.on_copy_landed
         strategy.attach(self)
+
+    def release_device_bytes(self, nbytes: int) -> None:
+        """A strategy stops using ``nbytes`` of what :meth:`Strategy.device_bytes` charged (e.g. it drops its draft):
+        they go to the expert cache, never past the cell's budget. More than it was charged and has not released
+        yet is refused."""
+        if not 0 <= nbytes <= self._device_bytes_left:
+            raise EngineViolation(f"release_device_bytes({nbytes}): the strategy holds {self._device_bytes_left} "
+                                  f"charged device bytes not yet released")
+        self._device_bytes_left -= nbytes
+        self.cache.capacity_bytes = min(self._budget_bytes, self.cache.capacity_bytes + nbytes)
 
     def _bind(self, clock: Clock) -> Clock:
         """A measured clock made without prices gets the default profile's at this engine's geometry."""

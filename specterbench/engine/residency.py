@@ -131,17 +131,19 @@ class CacheControl:
 
         transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
         self.cache.insert(Slot(key, self.expert_bytes, dst, transfer, prefetched))
-        self.stats.h2d_bytes += self.expert_bytes
+        moved = self.store.expert_bytes  # the link ledger: what crosses the link (the cache charges expert_bytes)
+        self.stats.h2d_bytes += moved
         if prefetched:
             self.stats.prefetch_issued += 1
-            self.stats.prefetch_bytes += self.expert_bytes
+            self.stats.prefetch_bytes += moved
         else:
-            self.stats.demand_bytes += self.expert_bytes
+            self.stats.demand_bytes += moved
         return self.cache.get(key)
 
     def _unledger(self, slot: Slot) -> None:
-        self.stats.h2d_bytes -= slot.nbytes
+        moved = self.store.expert_bytes
+        self.stats.h2d_bytes -= moved
         if slot.prefetched:
-            self.stats.prefetch_bytes -= slot.nbytes
+            self.stats.prefetch_bytes -= moved
         else:
-            self.stats.demand_bytes -= slot.nbytes
+            self.stats.demand_bytes -= moved

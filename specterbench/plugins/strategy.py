@@ -134,6 +134,17 @@ class Strategy:
     def option_names(cls) -> tuple[str, ...]:
         return ()
 
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        """Refuse bad option values before anything is loaded: raise :class:`UsageError` with one line naming the
+        option and what it accepts. The default accepts every value of a known option."""
+
+    @classmethod
+    def check_budget(cls, engine: "Engine", budget_bytes: int, options: dict) -> None:
+        """Refuse a budget this strategy cannot run at before the run starts: raise
+        :class:`~specterbench.errors.BudgetError` with one line naming the smallest budget that works. The default
+        accepts every budget (``configure`` still refuses one below :meth:`min_cache_bytes`)."""
+
     # ---- setup -------------------------------------------------------------------------------------
     def device_bytes(self, engine: "Engine") -> int:
         """Bytes the strategy keeps on the device outside the expert cache (a draft, buffers). Charged to the
