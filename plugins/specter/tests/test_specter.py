@@ -156,7 +156,8 @@ def test_budget_too_small_for_the_draft_states_the_minimum():
 def test_the_speculative_strategies_are_lossless_on_every_family(host, small_prompts, tmp_path, family, decode):
     cfg = BenchConfig(models=(f"tiny-random-{family.replace('_', '-')}",), strategies=ALL,
                       budgets=(parse_budget("70%"),), profile="a100-40g-pcie4", prompts=1, tokens=8,
-                      decode=decode, strategy_options={"specter-artifact": {"k": 4}, "spec-decode": {"k": 3}})
+                      decode=decode, strategy_options={"specter": {"k": 4}, "specter-artifact": {"k": 4},
+                                                     "spec-decode": {"k": 3}})
     rows = Runner(host, cfg, tmp_path).run()
     assert [r.strategy for r in rows] == list(ALL)
     for row in rows:
