@@ -44,10 +44,12 @@ class StaticPlacement(Strategy):
                 buffer.move_to_end(key)
 
     def choose_victim(self, candidates, needed):
-        cache = self.engine.cache
-        for key in list(self.buffer):
+        cache, victim = self.engine.cache, None
+        for key in list(self.buffer):  # the least recently used unpinned candidate, in O(buffer)
             if key not in cache:
                 del self.buffer[key]
-            elif key in candidates:
-                return key
+            elif key in candidates and (victim is None or cache.recency(key) < cache.recency(victim)):
+                victim = key
+        if victim is not None:
+            return victim
         return next((k for k in candidates if k not in self.pinned), None) or next(iter(candidates), None)

@@ -54,6 +54,8 @@ class DeviceCache:
         self.capacity_bytes = int(capacity_bytes)
         self.slots: OrderedDict[ExpertKey, Slot] = OrderedDict()
         self._layers: dict[int, OrderedDict[ExpertKey, Slot]] = {}
+        self._stamp: dict[ExpertKey, int] = {}
+        self._clock = 0
         self.used_bytes = 0
         self.peak_bytes = 0
         self.in_use: ExpertKey | None = None
@@ -87,9 +89,15 @@ class DeviceCache:
         """Entries of one MoE ``layer``: O(1)."""
         return len(self._layers.get(layer, ()))
 
+    def recency(self, key: ExpertKey) -> int:
+        """When ``key`` was last inserted or used, as an increasing counter: a smaller value is less recent."""
+        return self._stamp[key]
+
     def touch(self, key: ExpertKey) -> None:
         self.slots.move_to_end(key)
         self._layers[key[0]].move_to_end(key)
+        self._clock += 1
+        self._stamp[key] = self._clock
 
     def insert(self, slot: Slot) -> None:
         if slot.key in self.slots:
@@ -100,6 +108,8 @@ class DeviceCache:
                 f"{self.capacity_bytes}; evict first")
         self.slots[slot.key] = slot
         self._layers.setdefault(slot.key[0], OrderedDict())[slot.key] = slot
+        self._clock += 1
+        self._stamp[slot.key] = self._clock
         self.used_bytes += slot.nbytes
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
@@ -110,6 +120,7 @@ class DeviceCache:
         if slot is None:
             raise EngineViolation(f"expert {key} is not cached, so it cannot be evicted")
         del self._layers[key[0]][key]
+        del self._stamp[key]
         self.used_bytes -= slot.nbytes
         return slot
 
