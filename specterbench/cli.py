@@ -137,8 +137,9 @@ def _local_files(args, host, argv: list[str]) -> None:
             args.host_profile = host_profile
     if not args.model_path:
         return
-    from specterbench.engine.models import MODEL_PATH_ENV, register_local_model
+    from specterbench.engine.models import MODEL_PATH_ENV, check_model_path, register_local_model
 
+    check_model_path(args.model_path)  # config.json parses, the family is supported, weights are there
     if "model" in rundir.explicit_dests(argv, ["model"]) and not args.model.startswith("local:"):
         import os
 

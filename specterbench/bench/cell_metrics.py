@@ -40,7 +40,7 @@ def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
             host.extend([s.wall_s * 1e3 / s.tokens] * s.tokens)
             decode_s += s.clock_s if row.clock != "host" else s.wall_s
     decode_tokens = sum(s.tokens for samples in all_samples for s in samples[1:])
-    st, totals = engine.stats, engine.clock.totals
+    st = engine.stats
     if row.clock != "host":
         row.tpot_ms, row.tpot_p90_ms = _median(tpot), _p90(tpot)
     row.ttft_ms = _median(ttft)
@@ -53,7 +53,9 @@ def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
     row.prefetch_issued, row.prefetch_used, row.prefetch_wasted = (st.prefetch_issued, st.prefetch_used,
                                                                    st.prefetch_wasted)
     row.host_experts, row.activation_bytes, row.substituted = st.host_experts, st.activation_bytes, st.substituted
-    row.stall_ms_per_token = totals.stall_s * 1e3 / tokens if tokens and row.clock != "host" else None
+    decode_stall_s = sum(s.stall_s for samples in all_samples for s in samples[1:])  # the prefill's excluded
+    row.stall_ms_per_token = (decode_stall_s * 1e3 / decode_tokens if decode_tokens and row.clock != "host"
+                              else None)
     row.peak_cache_bytes = engine.cache.peak_bytes
     row.samples = {"tpot_ms": tpot if row.clock != "host" else [], "host_ms": host, "ttft_ms": ttft}
     row.extra.update(strategy.metrics())

@@ -324,11 +324,11 @@ class Runner:
 
             if cfg.warmup:
                 pid, ids = prompts[0]
+                engine.begin_warmup()
                 engine.begin_request(request(pid, ids))
                 strategy.generate(engine, request(pid, ids))
                 row.warmup = _samples(engine.samples)
-                engine.stats = type(engine.stats)()
-                engine.clock.totals = type(engine.clock.totals)()
+                engine.end_warmup()  # engine counters and clock totals restart; the strategy's on_warmup_end
             outputs, all_samples = {}, []
             if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
                 torch.cuda.reset_peak_memory_stats(engine.device)
