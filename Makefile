@@ -39,7 +39,10 @@ GATE_JSON ?= results/gate.json
 GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_MODELS)' | tr , '\n' | \
   xargs -P $(GATE_JOBS) -I{} sh -c '$(BIN)/specterbench run --model {} $(GATE_RUN_ARGS) --out results \
   --run-id $(1)-{} > results/gate-logs/$(1)-{}.log 2>&1 || test $$? -eq 1 || { cat results/gate-logs/$(1)-{}.log; exit 2; }'
-BENCH_COMPARE_FAIL ?= median:25%
+# bench-wallclock-compare: fail when the geometric mean over all benchmarks of new/previous fastest-round time,
+# divided by a machine-speed probe's ratio (load on a shared machine), exceeds this
+WALLCLOCK_STAT ?= min
+WALLCLOCK_MAX_SLOWDOWN ?= 1.4
 
 .PHONY: install bench test test-slow conformance list clean models workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
 
@@ -93,7 +96,9 @@ bench-wallclock:
 	  --benchmark-json=results/benchmarks/wallclock.json $(WALLCLOCK_ARGS)
 
 bench-wallclock-compare:
-	$(MAKE) bench-wallclock WALLCLOCK_ARGS='--benchmark-compare --benchmark-compare-fail=$(BENCH_COMPARE_FAIL)'
+	$(MAKE) bench-wallclock WALLCLOCK_ARGS='-p specterbench.bench.wallclock_probe'
+	$(BIN)/python -m specterbench.bench.wallclock results/benchmarks --stat $(WALLCLOCK_STAT) \
+	  --max-slowdown $(WALLCLOCK_MAX_SLOWDOWN)
 
 overhead:
 	$(BIN)/specterbench overhead --model $(MODEL)
