@@ -147,3 +147,10 @@ def test_report_of_each_stand_in_lists_every_metric(name):
         assert label in table
     assert 0.0 <= rep["teacher_forced"]["draft_next_token"] <= 1.0
     assert 0.0 <= rep["decode"]["draft_next_token"] <= 1.0
+
+
+def test_bad_decode_option_is_one_line_and_exit_2_before_any_model_loads(capsys, monkeypatch):
+    monkeypatch.setattr(realism, "report", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert realism.main(["--model", embedded.EMBEDDED_MODELS[0], "--temperature", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "temperature" in err and "(0, 5]" in err

@@ -27,9 +27,9 @@ class Spec:
     warmup_frac: float = 0.04
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    eval_every: int = 100
+    eval_every: int = 50
     aux_batch: float = 0.01  # per-layer load balance over the batch
-    aux_seq: float = 0.0  # per-layer load balance within each sequence
+    aux_seq: float = 0.0  # per-layer load balance within each sequence (the realism lever)
     probe_windows: int = 24  # held-out windows for the routing probe logged at each evaluation
     notes: tuple = field(default_factory=tuple)
 
@@ -47,7 +47,15 @@ SPECS: dict[str, Spec] = {
             max_position_embeddings=CONTEXT, rms_norm_eps=1e-5, tie_word_embeddings=True,
             router_aux_loss_coef=0.0, router_jitter_noise=0.0, rope_parameters=_ROPE,
         ),
-        steps=800,
+        steps=200,
+        aux_seq=0.03,
+        notes=(
+            "- Lever: a within-sequence balance loss (`aux_seq`). Routing probe (24 held-out windows, model-level "
+            "LRU ρ=1 / ρ=2 / Belady ρ=2 / SRP) at step 50: batch balance only (0.01) .489/.805/.894/60.6 — far "
+            "more local than Mixtral, as the previous shipped model (.492/.754/.881/60.2 after 800 steps); with "
+            "`aux_seq=0.03` .406/.691/.841/55.6 at step 50 and .347/.578/.779/48.8 at step 100.",
+            "- Locality falls as training goes on under either loss; the step count (200) is part of the recipe.",
+        ),
     ),
     "tiny-qwen-moe": Spec(
         name="tiny-qwen-moe",
@@ -60,7 +68,17 @@ SPECS: dict[str, Spec] = {
             qkv_bias=True, max_position_embeddings=CONTEXT, rms_norm_eps=1e-6, tie_word_embeddings=True,
             use_sliding_window=False, router_aux_loss_coef=0.0, rope_parameters=_ROPE,
         ),
-        steps=800,
+        steps=200,
+        aux_seq=0.1,
+        notes=(
+            "- Lever: a within-sequence balance loss (`aux_seq=0.1`, beside batch balance 0.01). Routing probe (24 "
+            "held-out windows, LRU ρ=1 / ρ=2 / Belady ρ=2 / SRP) of a 300-step run: step 50 .294/.501/.718/46.4 "
+            "(routing still collapsed: popular half 0.997), step 100 .172/.279/.534/32.9 (Qwen1.5-MoE: "
+            ".189/.278/.530/30.7), step 150 .137/.223/.483/29.5, step 200 .119/.198/.456/27.8 — drifting below the "
+            "target, so the shipped recipe stops at 200 steps. The previous shipped model (32 experts, "
+            "transformers' pooled balance loss only) was twice as local (LRU ρ=2 .58).",
+            "- 60 experts top-4 with the shared expert, as Qwen1.5-MoE, fit the 20 MB budget at hidden 192.",
+        ),
     ),
     "tiny-deepseek": Spec(
         name="tiny-deepseek",
@@ -74,7 +92,16 @@ SPECS: dict[str, Spec] = {
             topk_group=None, norm_topk_prob=False, routed_scaling_factor=1.0,
             max_position_embeddings=CONTEXT, rms_norm_eps=1e-6, tie_word_embeddings=True, rope_parameters=_ROPE,
         ),
-        steps=800,
+        steps=200,
+        aux_batch=0.005,
+        aux_seq=0.0,
+        notes=(
+            "- Lever: the strength of the balance losses. Routing probe (24 held-out windows, LRU ρ=1 / ρ=2 / "
+            "Belady ρ=2 / SRP): `aux_seq=0.05` (300-step run) .210/.343/.609/37.8 at step 50 and "
+            ".176/.293/.568/34.3 at step 100; `aux_seq=0.01` .229/.375/.640/40.0 and .193/.318/.588/35.6 — both "
+            "less local than DeepSeek-V2-Lite (.279/.421/.651/37.9) and falling; batch balance 0.005 alone "
+            "(shipped, 200 steps) .303/.481/.715/46.7 at step 50.",
+        ),
     ),
 }
 
