@@ -103,7 +103,7 @@ ROWS = (
     ("adjacent_reuse", "adjacent-token expert reuse", ".3f"),
     ("popular_half_share", "routed share of the more popular half of experts", ".3f"),
     ("draft_next_token", "nf4 draft: next-token agreement (argmax; decode: same-noise pick)", ".3f"),
-    ("draft_expert_overlap", "nf4 draft: expert-set overlap (|A∩B|/k)", ".3f"),
+    ("draft_expert_overlap", "nf4 draft: expert-set overlap (shared experts / k)", ".3f"),
     ("repeated_8gram_share", "repeated 8-grams among the tokens", ".3f"),
 )
 
