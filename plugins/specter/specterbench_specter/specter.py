@@ -99,6 +99,7 @@ class Specter(SpeculativeDecoding):
                 engine.begin_request(request)
                 self.generate(engine, request)
             self.explore = []
+            self.maybe_release_draft(engine, calibration)
         self.reset_metrics()
         self.predictions = []
         self.host_calls = self.fetch_calls = 0
@@ -115,9 +116,41 @@ class Specter(SpeculativeDecoding):
         n = max(0, self.slots - engine.top_k)
         self.residents = {divmod(i, engine.num_experts) for i in order[:n]}
         for key in sorted(self.residents):
-            engine.prefetch(key)
+            if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=self.residents, needed=key):
+                engine.prefetch(key)
 
     residents: frozenset = frozenset()
+    draft_released = False
+    plain_forecast_ms = spec_forecast_ms = None
+
+    def maybe_release_draft(self, engine, calibration) -> None:
+        """After the seed: when plain decoding over the cache the draft's bytes would add to is predicted
+        cheaper per token than the best window with the draft, drop the draft and give its bytes to the cache
+        (``engine.release_device_bytes``); the cell then decodes with K = 0 only. The bigger cache's misses are
+        scaled from the smaller one's by the calibration counts' coverage of the popular experts it holds."""
+        costs = WindowCosts(engine, self.draft.bytes_ratio, 10**6, self.host_path)
+        g = self.governor
+        g.prior_miss_s = costs.prior_miss_s()
+        spec = min((g.forecast(k, costs) for k in g.choices if k), key=lambda f: f.per_token_s)
+        plain = g.forecast(0, costs)
+        counts = sorted(calibration.counts.flatten().tolist(), reverse=True)
+        total = sum(counts) or 1
+        extra = self.draft.nbytes // engine.expert_bytes
+        small = max(0, self.slots - engine.top_k)
+
+        def uncovered(n):
+            return max(1e-9, 1 - sum(counts[:n]) / total)
+
+        miss_part = plain.misses * g.miss_s() * g.bias(0)
+        plain_big = plain.window_s - miss_part * (1 - uncovered(small + extra) / uncovered(small))
+        self.plain_forecast_ms, self.spec_forecast_ms = plain_big * 1e3, spec.per_token_s * 1e3
+        if plain_big >= spec.per_token_s:
+            return
+        engine.release_device_bytes(self.draft.nbytes)
+        self.draft_released = True
+        self.k_option, self.k = 0, 0
+        self.slots = engine.cache.capacity_bytes // engine.expert_bytes
+        self.load_residents(engine, calibration)
 
     # ---- the governor ------------------------------------------------------------------------------
     def choose_k(self, remaining: int) -> int:
@@ -212,6 +245,8 @@ class Specter(SpeculativeDecoding):
     def metrics(self):
         m = super().metrics()
         g = self.governor
+        m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
+                  "speculative_forecast_ms_per_token": self.spec_forecast_ms})
         m.update({"k": self.k_option, "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
                   "governor_miss_ms": round(g.miss_s() * 1e3, 4)})

@@ -189,3 +189,18 @@ def test_check_budget_names_the_smallest_budget_that_works():
         Specter.check_budget(engine, int(0.05 * engine.total_expert_bytes), {"bits": 4})
     pct = float(str(err.value).split("works is ")[1].split("%")[0])
     Specter.check_budget(engine, int(pct / 100 * engine.total_expert_bytes) + 1, {"bits": 4})
+
+
+def test_the_draft_goes_back_to_the_cache_when_plain_decoding_is_predicted_cheaper():
+    engine = engine_for()
+    engine.geometry = project(engine.own_geometry, "mixtral")
+    strategy = Specter()
+    budget = int(0.9 * engine.total_expert_bytes)
+    configure_bytes(engine, strategy, budget)
+    counts = torch.ones(engine.num_layers, engine.num_experts)
+    for _ in range(200):  # a draft the target never agrees with
+        strategy.governor.observe_acceptance(4, 0)
+    strategy.maybe_release_draft(engine, Calibration(counts, ()))
+    assert strategy.draft_released and strategy.k == 0
+    assert engine.cache.capacity_bytes == budget
+    assert strategy.metrics()["draft_released"] is True
