@@ -42,7 +42,7 @@ GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_
 # bench-wallclock-compare: fail when the geometric mean over all benchmarks of new/previous fastest-round time,
 # divided by a machine-speed probe's ratio (load on a shared machine), exceeds this
 WALLCLOCK_STAT ?= min
-WALLCLOCK_MAX_SLOWDOWN ?= 1.4
+WALLCLOCK_MAX_SLOWDOWN ?= 1.3
 
 .PHONY: install bench test test-slow conformance list clean models workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
 

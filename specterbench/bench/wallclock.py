@@ -5,9 +5,12 @@ this project's 2-core box: the per-benchmark ratio of the fastest round ranged 0
 no per-benchmark threshold both passes unchanged code and fails a real 2× slowdown. Noise on different benchmarks
 is partly independent, a slowdown of a hot path is not: the verdict is the **geometric mean over all benchmarks
 of the ratio of the fastest round** (``min``: the least disturbed by other processes). The machine's own load
-still moves that mean (0.56–0.95× between runs of unchanged code here), so it is divided by the ratio of a
+still moves that mean (0.56–1.16× between runs of unchanged code here), so it is divided by the ratio of a
 machine-speed probe timed beside the benchmarks (:mod:`specterbench.bench.wallclock_probe`), and fails above
-``--max-slowdown`` (default 1.4). Per-benchmark ratios are printed for reading, not judged.
+``--max-slowdown`` (default 1.3). Measured on 19 benchmarks (Dec 2026, the 2-core box with other jobs running):
+consecutive runs of unchanged code gave 1.075, 1.075, 0.678; every benchmarked call run twice (an emulated 2×
+slowdown; the short-request benchmarks gain less, their second call finds little left to do) gave 1.39–1.60
+against three baselines. Per-benchmark ratios are printed for reading, not judged.
 
 ``python -m specterbench.bench.wallclock results/benchmarks`` compares the newest saved run with the one before
 (``--benchmark-autosave`` files); ``python -m specterbench.bench.wallclock BASE.json NEW.json`` compares two files.
@@ -25,7 +28,7 @@ from specterbench.errors import UsageError
 
 STATS = ("min", "median", "mean")
 DEFAULT_STAT = "min"
-DEFAULT_MAX_SLOWDOWN = 1.4
+DEFAULT_MAX_SLOWDOWN = 1.3
 
 
 def load(path: Path) -> tuple[dict[str, dict], float | None]:
@@ -62,7 +65,7 @@ def compare(base_path: Path, new_path: Path, stat: str = DEFAULT_STAT,
     if stat not in STATS:
         raise UsageError(f"unknown statistic {stat!r}; use one of {', '.join(STATS)}")
     if max_slowdown <= 1:
-        raise UsageError(f"--max-slowdown {max_slowdown} must be above 1 (1.4 = fail when 40% slower)")
+        raise UsageError(f"--max-slowdown {max_slowdown} must be above 1 (1.3 = fail when 30% slower)")
     (base, base_probe), (new, new_probe) = load(base_path), load(new_path)
     r = ratios(base, new, stat)
     if not r:

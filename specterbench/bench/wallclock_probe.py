@@ -2,7 +2,7 @@
 benchmarks (``-p specterbench.bench.wallclock_probe``).
 
 A shared machine's load changes between two runs of unchanged code by more than a real slowdown (measured here:
-the geometric mean of 35 benchmarks' fastest rounds moved 0.56–0.95× between runs). Before the session and after
+the geometric mean of the benchmarks' fastest rounds moved 0.56–1.16× between runs). Before the session and after
 every benchmark the probe times a fixed workload shaped like the harness's hot paths (dict and list bookkeeping
 in Python, small tensor ops) and keeps the fastest of each window; the JSON gets ``probe_s``, the geometric mean
 of those window minima (the machine's speed while the benchmarks ran), so that
