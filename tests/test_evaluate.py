@@ -50,7 +50,7 @@ def eval_run(tmp_path_factory):
     add_parser(parser.add_subparsers())
     args = parser.parse_args(["eval", "--model", "tiny-random-mixtral", "--strategies", "test-boom,test-liar,lru",
                               "--tasks", "shakespeare_scramble,shakespeare_complete", "--limit", "2",
-                              "--out", str(out), "--run-id", "t", "--quiet"])
+                              "--drafts", "nf4/b64,int3/g128", "--out", str(out), "--run-id", "t", "--quiet"])
     stdout, stderr = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -67,8 +67,11 @@ def test_eval_prints_the_quality_table_with_reference_strategy_and_draft_rows(ev
         assert needle in stdout
     assert rows[("lru", "shakespeare_scramble")]["check"] == "identical (2 samples)"
     assert rows[("lru", "shakespeare_scramble")]["delta"] == 0.0
-    assert rows[("draft", "shakespeare_scramble")]["status"] == "ok"
-    assert rows[("draft", "shakespeare_scramble")]["lossless"] is False
+    nf4, int3 = rows[("draft nf4/b64", "shakespeare_scramble")], rows[("draft int3/g128", "shakespeare_scramble")]
+    assert nf4["status"] == int3["status"] == "ok" and nf4["lossless"] is int3["lossless"] is False
+    assert "| draft (int3/g128, alone)" in stdout  # one row per --drafts quantization, each with its bytes
+    assert int3["info"]["draft_bits_per_weight"] < nf4["info"]["draft_bits_per_weight"] < 5
+    assert int3["info"]["draft_device_bytes"] < nf4["info"]["draft_device_bytes"]
     assert (run_dir / "eval.md").read_text().count("| tiny-random-mixtral | reference ") == 2
 
 
@@ -86,7 +89,7 @@ def test_a_failing_strategy_is_an_error_row_and_the_others_continue(eval_run):
     assert boom["status"] == "error" and "RuntimeError: boom in before_layer" in boom["error"]
     assert "ERROR: RuntimeError: boom" in stdout
     assert rows[("lru", "shakespeare_complete")]["status"] == "ok"  # ran after the failure
-    assert rows[("draft", "shakespeare_complete")]["status"] == "ok"
+    assert rows[("draft int3/g128", "shakespeare_complete")]["status"] == "ok"
 
 
 def test_unknown_task_shows_lm_evals_error_and_the_shipped_tasks():

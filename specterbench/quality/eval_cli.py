@@ -49,6 +49,9 @@ def add_parser(subparsers) -> None:
                    help="strategy option, e.g. specter.k=4 (draft.bits=8 for the draft row)")
     s.add_argument("--include-path", default=None, help="another folder of lm-eval task YAML files")
     s.add_argument("--no-draft", action="store_true", help="leave out the draft-alone row")
+    s.add_argument("--drafts", default=None, metavar="SPEC,...",
+                   help="one draft-alone row per quantization, e.g. int4/g128,int3/g128,int2/g128,nf4/b64 "
+                        "(QUANTIZER BITS / GROUP; default: one row, --set draft.*)")
     s.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
                    help="bootstrap iterations for perplexity stderr (lm-eval's default is 100000)")
     s.add_argument("--out", default="results")
@@ -59,6 +62,31 @@ def add_parser(subparsers) -> None:
 
     add_decode_arguments(s, default=GREEDY)  # lm-eval's exact-match tasks score greedy continuations
     s.set_defaults(func=cmd_eval)
+
+
+def parse_drafts(text: str | None) -> tuple[dict, ...] | None:
+    """``int4/g128,nf4/b64`` -> quantization options per draft row (checked here, before any model loads)."""
+    import re
+
+    from specterbench.engine.draft import QuantSpec
+
+    if not text:
+        return None
+    out = []
+    for item in _csv(text):
+        m = re.fullmatch(r"(int|hqq)([0-9]+)/g([0-9]+)|(nf4|fp4)/b([0-9]+)|int8/b([0-9]+)", item)
+        if m is None:
+            raise UsageError(f"--drafts: cannot read {item!r}; write QUANTIZER BITS / GROUP, e.g. int4/g128, "
+                             f"int3/g128, hqq2/g64, nf4/b64, fp4/b64, int8/b64")
+        if m.group(1):
+            opts = {"quantizer": m.group(1), "bits": int(m.group(2)), "blocksize": int(m.group(3))}
+        elif m.group(4):
+            opts = {"quantizer": "bnb", "bits": 4, "quant_type": m.group(4), "blocksize": int(m.group(5))}
+        else:
+            opts = {"quantizer": "bnb", "bits": 8, "blocksize": int(m.group(6))}
+        QuantSpec.from_options(opts)  # bits the quantizer cannot do: one line now
+        out.append(opts)
+    return tuple(out)
 
 
 def cmd_eval(args) -> int:
@@ -106,7 +134,7 @@ def cmd_eval(args) -> int:
 
     rows = run_eval(models, strategies, _csv(args.tasks), limit=args.limit, budget=args.budget,
                     decode=decode_setting(args), profile=args.profile, device=args.device, strategy_options=options,
-                    include_path=args.include_path, draft=not args.no_draft, bootstrap_iters=args.bootstrap_iters,
+                    include_path=args.include_path, draft=not args.no_draft, drafts=parse_drafts(args.drafts), bootstrap_iters=args.bootstrap_iters,
                     run_id=run_id, progress=progress, writer=write)
     report = write_report(run_dir, rows, limit=args.limit, budget=args.budget, profile=args.profile)
     print(render_markdown(rows), end="")

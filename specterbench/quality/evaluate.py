@@ -94,11 +94,13 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
              include_path: str | None = None, include_defaults: bool | None = None, draft: bool = True,
              bootstrap_iters: int = DEFAULT_BOOTSTRAP_ITERS, run_id: str = "eval", env: dict | None = None,
              progress: Callable[[str], None] | None = None, writer: Callable[[EvalRow], None] | None = None,
-             decode=None,
+             decode=None, drafts: tuple[dict, ...] | None = None,
              ) -> list[EvalRow]:
     """Evaluate ``tasks`` for each model: reference, each strategy, then the draft alone. Returns the rows.
 
-    ``writer`` is called with each row as soon as its variant finishes (append it to a file there).
+    ``writer`` is called with each row as soon as its variant finishes (append it to a file there). ``drafts``:
+    quantization options of each draft-alone row (default: one row with ``strategy_options["draft"]``); with
+    several, each row's variant is ``draft <label>`` (e.g. ``draft int3/g128``).
     """
     import lm_eval
 
@@ -119,9 +121,11 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
         engine = load_engine(model, device, host)
         calibration = None
         reference: dict[str, tuple[EvalRow, list]] = {}
-        variants = [REFERENCE, *strategies] + ([DRAFT] if draft else [])
-        for variant in variants:
-            kind = variant if variant in (REFERENCE, DRAFT) else "strategy"
+        variants = [(REFERENCE, REFERENCE, {}), *((name, name, strategy_options.get(name, {})) for name in strategies)]
+        if draft:
+            variants += draft_variants(drafts, strategy_options.get(DRAFT, {}))
+        for variant, lm_variant, options in variants:
+            kind = lm_variant if lm_variant in (REFERENCE, DRAFT) else "strategy"
             progress(f"{model} · {variant}")
             base = dict(run_id=run_id, model=model, variant=variant, kind=kind, limit=limit, env=env)
             if kind == "strategy":
@@ -130,9 +134,8 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
                 base["lossless"] = False
             started = time.perf_counter()
             try:
-                lm = SpecterbenchLM(engine=engine, strategy=variant, budget=budget, profile=profile,
-                                    calibration=calibration, progress=False, decode=decode,
-                                    **strategy_options.get(variant, {}))
+                lm = SpecterbenchLM(engine=engine, strategy=lm_variant, budget=budget, profile=profile,
+                                    calibration=calibration, progress=False, decode=decode, **options)
                 calibration = lm.calibration or calibration
                 results = lm_eval.simple_evaluate(model=lm, tasks=task_names, task_manager=manager, limit=limit,
                                                   log_samples=True, bootstrap_iters=bootstrap_iters)
@@ -158,6 +161,17 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
                 if writer is not None:
                     writer(row)
     return rows
+
+
+def draft_variants(drafts: tuple[dict, ...] | None, default: dict) -> list[tuple[str, str, dict]]:
+    """``(row variant, lm variant, options)`` of each draft-alone row."""
+    from specterbench.engine.draft import QuantSpec
+
+    if not drafts:
+        return [(DRAFT, DRAFT, default)]
+    if len(drafts) == 1:
+        return [(DRAFT, DRAFT, dict(drafts[0]))]
+    return [(f"{DRAFT} {QuantSpec.from_options(opts).label()}", DRAFT, dict(opts)) for opts in drafts]
 
 
 # the table and the command line live in their own modules; every name of the one-module layout stays importable

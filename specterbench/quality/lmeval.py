@@ -58,7 +58,7 @@ REFERENCE, DRAFT = "reference", "draft"
 DEFAULT_MODEL = "tiny-random-mixtral"
 DEFAULT_BUDGET = "50%"
 DEFAULT_PROFILE = "a100-40g-pcie4"
-DRAFT_OPTIONS = ("bits", "quant_type", "blocksize")
+DRAFT_OPTIONS = ("bits", "quant_type", "blocksize", "quantizer")
 _LM_EVAL_INJECTED = ("trust_remote_code",)  # model_args lm-eval adds on its own
 
 
@@ -155,14 +155,13 @@ class SpecterbenchLM(TemplateLM):
             else:
                 from specterbench.engine.draft import QuantizedExperts, QuantSpec
 
-                spec = QuantSpec(bits=int(options.get("bits", 4)), quant_type=str(options.get("quant_type", "nf4")),
-                                 blocksize=int(options.get("blocksize", 64)))
+                spec = QuantSpec.from_options(options)  # one parser, one-line errors (bits, group, quantizer)
                 # the same quantized experts a speculative strategy with this spec drafts with
                 drafts = engine.__dict__.setdefault("_quantized_drafts", {})
                 if spec not in drafts:
                     drafts[spec] = QuantizedExperts(engine, spec)
                 self.draft = drafts[spec]
-                self.draft_label = spec.label()
+                self.draft_label, self.draft_spec = spec.label(), spec
                 self.lossless = False
             return
         cls = self.host.strategies().get(self.variant)
@@ -267,6 +266,7 @@ class SpecterbenchLM(TemplateLM):
         if self.draft is not None:
             info["draft_quant"] = self.draft_label
             info["draft_device_bytes"] = self.draft.nbytes
+            info["draft_bits_per_weight"] = round(self.draft_spec.bits_per_weight(), 3)
         else:
             info["strategy_device_bytes"] = self.strategy.device_bytes(engine)
         return info
