@@ -44,7 +44,7 @@ GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_
 WALLCLOCK_STAT ?= min
 WALLCLOCK_MAX_SLOWDOWN ?= 1.3
 
-.PHONY: install bench test test-slow conformance list clean models workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
+.PHONY: install bench test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -108,6 +108,11 @@ overhead:
 models:
 	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-mixtral --seed 0
 	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-qwen-moe --seed 0
+	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-deepseek --seed 0
+
+# does a stand-in route like the real model it stands for? (the realism table of its card)
+realism:
+	$(BIN)/specterbench realism --model $(MODEL)
 
 workloads:
 	$(BIN)/python -m specterbench.embedded.make_workloads
