@@ -8,7 +8,7 @@ from .decoding import accepted_prefix
 from .specter import Specter
 from .strategies import SpecDecode, SpecMoEOff, SpecterArtifact
 
-__version__ = "0.2.0"
+__version__ = "0.1.0"
 __all__ = ["Specter", "SpecterArtifact", "SpecMoEOff", "SpecDecode", "accepted_prefix"]
 
 
