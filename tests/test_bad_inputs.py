@@ -139,6 +139,13 @@ def test_tokens_beyond_the_context_are_refused_before_the_reference_runs(cli, tm
     assert "context of" in line and "use --tokens" in line
 
 
+def test_a_budget_below_a_strategys_own_floor_is_refused_before_any_cell(cli, tmp_path):
+    line = refused(cli, "run", *FAST, "--strategies", "lru,specter", "--budgets", "15%", "--out", tmp_path,
+                   "--run-id", "r", before_load=False)
+    assert "smallest budget that works is" in line
+    assert not (tmp_path / "r" / "rows.jsonl").exists()
+
+
 def test_debug_after_the_subcommand_shows_the_traceback(cli, tmp_path):
     with pytest.raises(Exception, match="unknown strategy"):
         main(["run", "--strategies", "lur", "--out", str(tmp_path), "--debug"])

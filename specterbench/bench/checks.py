@@ -24,9 +24,9 @@ def check_workload_size(workload: str, wanted: int, texts) -> None:
 
 def check_strategy_options(host, options: dict, strategies) -> None:
     """Every ``--set NAME.OPTION=VALUE`` names a strategy of this run and one of its options, and the strategy
-    accepts the value: the class's ``option_names()`` list the options, and constructing it with them (what the
-    runner does per cell) must not raise — a strategy validates its options' types and ranges in its constructor
-    (or in a ``validate_options`` its constructor calls), raising ``UsageError`` or ``ValueError`` in one line."""
+    accepts the value: the class's ``option_names()`` list the options, its ``validate_options`` checks their
+    types and ranges, and constructing it with them (what the runner does per cell) must not raise either —
+    ``UsageError`` or ``ValueError`` in one line."""
     registry = host.strategies()
     for name, opts in options.items():
         cls = registry.get(name)  # unknown strategy: did you mean …
@@ -41,6 +41,7 @@ def check_strategy_options(host, options: dict, strategies) -> None:
                 raise UsageError(f"--set {name}.{option}: strategy {name!r} has no option {option!r}; {hint}"
                                  f"it accepts: {', '.join(known) or 'none'}")
         try:
+            cls.validate_options(dict(opts))
             cls(**opts)
         except UsageError as err:
             raise UsageError(f"--set {_pairs(name, opts)}: {err}") from None

@@ -260,6 +260,12 @@ class Runner:
             if nbytes > total:
                 raise BudgetError(f"budget {b.text} = {nbytes} bytes is above all expert bytes of {engine.name} "
                                   f"({total}); use at most 100% (the 'resident' strategy covers that case)")
+        for name in self.config.strategies:  # each strategy's own floor (a draft it keeps), before any cell runs
+            cls = self.host.strategies().get(name)
+            if cls.fixed_budget_fraction is not None:
+                continue
+            for b in self.config.budgets:
+                cls.check_budget(engine, b.resolve(total), dict(self.config.strategy_options.get(name, {})))
 
     # ---- reference and calibration -----------------------------------------------------------------
     def _resident_pass(self, engine: Engine, prompts, tokens: int):
