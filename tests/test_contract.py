@@ -133,3 +133,4 @@ def test_v1_list_idioms_on_choose_victims_candidates_still_work():
     assert candidates.index((0, 2)) == 1 and len(candidates) == 3 and (0, 1) not in candidates
     assert min(candidates, key=lambda k: -k[1]) == (0, 3) and list(reversed(candidates))[0] == (0, 3)
     assert candidates == [(0, 0), (0, 2), (0, 3)]
+    assert candidates + [(1, 0)] == [(0, 0), (0, 2), (0, 3), (1, 0)] and [(1, 0)] + candidates == [(1, 0), *candidates]
