@@ -3,6 +3,7 @@
     from specterbench import embedded
     model, tokenizer = embedded.load("tiny-mixtral")            # float32, eval mode, fully offline
     model, tokenizer = embedded.load("tiny-qwen-moe", dtype=torch.bfloat16)
+    model, tokenizer = embedded.load("tiny-deepseek")           # DeepSeek-V2 family, first layer dense
 
 Each model directory (``model_dir(name)``) is self-contained: config.json, model.safetensors (bf16),
 tokenizer.json + tokenizer_config.json, training.json and CARD.md. Rebuild them with ``make models``
@@ -20,7 +21,7 @@ import torch
 
 from specterbench.errors import ModelError
 
-EMBEDDED_MODELS: tuple[str, ...] = ("tiny-mixtral", "tiny-qwen-moe")
+EMBEDDED_MODELS: tuple[str, ...] = ("tiny-mixtral", "tiny-qwen-moe", "tiny-deepseek")
 
 
 @dataclass(frozen=True, slots=True)
