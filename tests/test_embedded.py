@@ -141,10 +141,9 @@ def test_heldout_loss_is_sane(loaded, name):
             total += torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
             count += ids.shape[1] - 1
     loss = total / count
-    # tiny-deepseek's recipe is short (100 steps) because its routing drifts below DeepSeek-V2-Lite's locality with
-    # longer training (its card): realism wins over perplexity there, so the floor is 5.8 for it, 5.5 otherwise
-    floor = 5.8 if name == "tiny-deepseek" else 5.5
-    assert loss < floor, f"{name}: held-out loss {loss:.2f} nats/token"
+    # The recipes are short (100-200 steps) because routing drifts below the real models' locality with longer
+    # training (the cards): realism wins over perplexity, so the floor is 5.8 nats/token (uniform: 8.3)
+    assert loss < 5.8, f"{name}: held-out loss {loss:.2f} nats/token"
     assert loss < math.log(model.config.vocab_size) - 2
 
 
