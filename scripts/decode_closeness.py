@@ -1,6 +1,6 @@
 """Which decode setting routes most like teacher-forced text? The measurement behind the default of ``make bench``.
 
-    .venv/bin/python scripts/decode_closeness.py [--models tiny-qwen-moe,tiny-mixtral] [--temperatures 0.7,1.0]
+    .venv/bin/python scripts/decode_closeness.py [--models tiny-mixtral,tiny-qwen-moe,tiny-deepseek] [--temperatures 0.7,1.0]
 
 For each embedded model and each setting (greedy, then sampling at each temperature) it runs the realism report
 (:mod:`specterbench.embedded.realism`: routing of the held-out text teacher-forced, and of the sampled
@@ -27,7 +27,7 @@ def closeness(rep: dict) -> float:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--models", default="tiny-qwen-moe,tiny-mixtral")
+    p.add_argument("--models", default="tiny-mixtral,tiny-qwen-moe,tiny-deepseek")
     p.add_argument("--temperatures", default="0.7,1.0")
     args = p.parse_args(argv)
     settings = [GREEDY] + [DecodeSetting.sample(temperature=float(t)) for t in args.temperatures.split(",")]
