@@ -28,7 +28,7 @@ SWEEP_ARGS ?=
 # stands in for, every strategy, both budgets and the bench's default decode, on the modeled clock; one run per
 # model, GATE_JOBS at a time; `make gate` holds them to results/reference with results/reference/gate.toml.
 # Not gated: specter-artifact (it profiles K over 2..32 in every cell: minutes a cell here) and the example plugin lfu
-GATE_MODELS ?= tiny-mixtral,tiny-qwen-moe
+GATE_MODELS ?= tiny-mixtral,tiny-qwen-moe,tiny-deepseek
 GATE_STRATEGIES ?= on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,spec-decode,specmoeoff,specter
 GATE_RUN_ARGS ?= --geometry auto --strategies $(GATE_STRATEGIES) \
   --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 \
