@@ -3,9 +3,9 @@
 Every run directory keeps, per (model, workload, decode setting), the reference tokens of every prompt and
 their decoded text, one JSON object per prompt::
 
-    {"model": "tiny-qwen-moe", "workload": "shakespeare-heldout-v2", "decode": {"mode": "sample", ...},
+    {"model": "tiny-qwen-moe", "workload": "shakespeare-heldout-v1", "decode": {"mode": "sample", ...},
      "decode_label": "sample T=1 seed=0", "prompt": "p00", "prompt_ids": [...], "tokens": [...],
-     "text": "...", "adjacent_reuse": 0.61}
+     "text": "...", "adjacent_reuse": 0.61, "margins": [0.48, 1.33, ...]}
 
 and the summary prints one workload line per (model, workload, decode setting): the share of repeated
 8-grams among the generated tokens (a degenerate loop scores near 1; real text ≈ 0.01) and adjacent-token
