@@ -388,6 +388,19 @@ def _join_dash_values(argv: list[str]) -> list[str]:
     return out
 
 
+def subcommand_main(name: str, add_parser, argv=None) -> int:
+    """``python -m <module> …``: one subcommand (registered by ``add_parser``) as its own program, with the CLI's
+    one-line errors and exit 2."""
+    parser = argparse.ArgumentParser(prog="specterbench")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args([name, *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except SpecterbenchError as err:
+        print(f"specterbench: error: {err}", file=sys.stderr)
+        return 2
+
+
 def main(argv=None) -> int:
     from specterbench.bench.progress import quiet_library_bars
 

@@ -206,18 +206,9 @@ def cmd_validate(args) -> int:
 
 def main(argv=None) -> int:
     """``python -m specterbench.bench.validate …`` (the same as ``specterbench validate …``)."""
-    import argparse
+    from specterbench.cli import subcommand_main
 
-    from specterbench.errors import SpecterbenchError
-
-    parser = argparse.ArgumentParser(prog="specterbench")
-    add_validate_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["validate", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except SpecterbenchError as err:
-        print(f"specterbench: error: {err}", file=sys.stderr)
-        return 2
+    return subcommand_main("validate", add_validate_parser, argv)
 
 
 if __name__ == "__main__":  # pragma: no cover

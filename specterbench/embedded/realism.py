@@ -402,19 +402,10 @@ def cmd_realism(args) -> int:
 
 
 def main(argv=None) -> int:
-    import argparse
-    import sys
+    """``python -m specterbench.embedded.realism …`` (the same as ``specterbench realism …``)."""
+    from specterbench.cli import subcommand_main
 
-    from specterbench.errors import SpecterbenchError
-
-    p = argparse.ArgumentParser(prog="python -m specterbench.embedded.realism", description=__doc__.split("\n")[0])
-    add_realism_parser(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(["realism", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except SpecterbenchError as err:
-        print(f"specterbench: error: {err}", file=sys.stderr)
-        return 2
+    return subcommand_main("realism", add_realism_parser, argv)
 
 
 if __name__ == "__main__":

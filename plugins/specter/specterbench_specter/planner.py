@@ -40,6 +40,14 @@ def issue_layer_plan(engine, layer: int, experts: list[int], protect: set) -> tu
     return planned, issued
 
 
+
+def by_layer(keys) -> dict[int, set]:
+    """``{layer: {expert, ...}}`` of ``(layer, expert)`` keys (what a planner issued, as :meth:`predicted` reports)."""
+    out: dict[int, set] = {}
+    for layer, e in keys:
+        out.setdefault(layer, set()).add(e)
+    return out
+
 class ArtifactPlanner:
     """The artifact's cold start / prefetch overlap / final cleanup phases over one window."""
 

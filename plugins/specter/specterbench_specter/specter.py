@@ -30,7 +30,7 @@ from specterbench.plugins.strategy import FETCH, ON_HOST
 
 from .decoding import MAX_K, SpeculativeDecoding
 from .governor import K_CHOICES, Governor, Shape, WindowCosts
-from .planner import LookaheadPlanner
+from .planner import LookaheadPlanner, by_layer
 
 HOST_CHOICES = ("auto", "off")
 EXPLORE_K = (0, 4, 8, 16, 32, 2, 24, 12, 32, 16, 0, 6)  # depths tried on calibration prompts to seed the governor
@@ -237,10 +237,7 @@ class Specter(SpeculativeDecoding):
         return max(candidates, key=lambda k: (k[0], -predicted[k[0]][k[1]]))
 
     def predicted(self):
-        pred: dict[int, set] = {}
-        for layer, e in self.planner.planned:
-            pred.setdefault(layer, set()).add(e)
-        return pred
+        return by_layer(self.planner.planned)
 
     def metrics(self):
         m = super().metrics()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from specterbench.baselines.lru import LRU
 
 from .decoding import SpeculativeDecoding, parse_k
-from .planner import ArtifactPlanner, issue_layer_plan, top_m
+from .planner import ArtifactPlanner, by_layer, issue_layer_plan, top_m
 
 ARTIFACT_K = (2, 4, 6, 8, 12, 16, 20, 24, 32)
 INT4_G128 = {"bits": 4, "blocksize": 128, "quantizer": "int"}
@@ -64,10 +64,7 @@ class SpecMoEOff(PerLayerLRU):
             self.planned.update(issue_layer_plan(engine, layer, experts, protect)[0])
 
     def predicted(self):
-        pred: dict[int, set] = {}
-        for layer, e in self.planned:
-            pred.setdefault(layer, set()).add(e)
-        return pred
+        return by_layer(self.planned)
 
 
 class SpecterArtifact(PerLayerLRU):
@@ -108,10 +105,7 @@ class SpecterArtifact(PerLayerLRU):
         self.planner.barrier()
 
     def predicted(self):
-        pred: dict[int, set] = {}
-        for layer, e in self.planner.planned:
-            pred.setdefault(layer, set()).add(e)
-        return pred
+        return by_layer(self.planner.planned)
 
     def metrics(self):
         m = super().metrics()
