@@ -104,6 +104,7 @@ def rows_of(run_dir: Path) -> list[dict]:
     (["--set", "lfu.half_life=8"], "strategy 'lfu' is not in this run"),
     (["--strategies", "specter", "--set", "specter.k=abc"], "specter.k=abc"),
     (["--strategies", "specter", "--set", "specter.k=99"], "specter.k=99"),
+    (["--strategies", "specter", "--set", "specter.dense_bits=5"], "dense_bits=5 is invalid: use one of 16, 8, 4, 3"),
     (["--decode", "beam"], "beam"),
     (["--decode", "sample", "--temperature", "0"], "temperature"),
     (["--decode", "sample", "--temperature", "6"], "temperature"),

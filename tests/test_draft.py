@@ -48,3 +48,53 @@ def test_parked_drafts_come_back_when_a_strategy_uses_them():
     draft = shared_quantized(engine, spec)
     park_unclaimed(engine)
     assert shared_quantized(engine, spec) is draft  # quantized once, shared across cells
+
+
+def test_dense_copy_is_swapped_in_for_one_pass_and_priced_at_its_bits():
+    from specterbench.engine.clocks import ModeledClock
+    from specterbench.engine.draft import QuantizedDense, dense_spec
+    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+    from specterbench.plugins.strategy import Strategy
+
+    model, tok = tiny_random("qwen2_moe")
+    engine = Engine(model, name="qwen", tokenizer=tok)
+    engine.configure(Strategy(), engine.total_expert_bytes,
+                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    target = model.lm_head.weight
+    copy = QuantizedDense(engine, dense_spec(4))
+    t0 = engine.clock.now()
+    full = engine.forward(ids, engine.new_kv_cache())
+    t1 = engine.clock.now()
+    low = engine.forward(ids, engine.new_kv_cache(), dense=copy)
+    t2 = engine.clock.now()
+    assert model.lm_head.weight is target  # the target's weights are back after the pass
+    assert not torch.equal(full, low) and torch.allclose(full.softmax(-1), low.softmax(-1), atol=0.2)
+    assert t2 - t1 < t1 - t0  # fewer weight bytes read
+    assert copy.bytes_ratio == pytest.approx(dense_spec(4).bits_per_weight() / 16)
+    assert 0 < copy.nbytes < engine.total_expert_bytes
+    again = engine.forward(ids, engine.new_kv_cache())
+    assert torch.equal(again, full)
+
+
+@pytest.mark.parametrize("value", ["5", "fp8", "32"])
+def test_bad_dense_bits_are_one_line(value):
+    from specterbench.engine.draft import dense_spec
+
+    with pytest.raises(UsageError, match="use one of 16, 8, 4, 3") as err:
+        dense_spec(value)
+    assert "\n" not in str(err.value)
+
+
+def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
+    from specterbench.engine.draft import dense_params, dense_quantized_bytes, dense_spec
+    from specterbench.engine.geometry import project
+
+    model, tok = tiny_random("mixtral")
+    engine = Engine(model, name="mixtral", tokenizer=tok)
+    engine.geometry = project(engine.own_geometry, "mixtral")
+    spec = dense_spec(8)
+    share = dense_params(engine.geometry) * spec.bits_per_weight() / 8 / engine.geometry.all_expert_bytes
+    assert dense_quantized_bytes(engine, spec) == round(share * engine.total_expert_bytes)
+    assert 0.003 < share < 0.03  # Mixtral: attention and head are ~3% of the 16-bit expert bytes
+    assert dense_quantized_bytes(engine, None) == 0

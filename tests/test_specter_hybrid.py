@@ -73,3 +73,41 @@ def test_specter_verifies_a_miss_on_the_host_when_it_is_sooner(engine):
     off = Specter(k=2, host="off")
     configure(engine, off)
     assert off.place_miss((0, 3), 1) == FETCH
+
+
+class HostEverything(CpuExperts):
+    """Records the host backlog each placement saw."""
+
+    def place_miss(self, key, n_tokens):
+        self.seen.append(self.engine.costs.host_backlog_s())
+        return ON_HOST
+
+
+def test_the_host_queue_counts_the_misses_already_placed_in_the_same_layer(engine):
+    """A verification places many misses of one layer before any host job starts: the balanced rule must see
+    the ones it already put on the host, or it sends every miss there."""
+    import torch
+
+    strategy = HostEverything()
+    strategy.seen = []
+    configure(engine, strategy, fraction=0.3)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    engine.forward(ids, engine.new_kv_cache())
+    per_expert = engine.clock.costs.host_seconds(engine.clock.costs.host_expert(1), engine.host_threads)
+    assert len(strategy.seen) >= 2
+    assert max(strategy.seen) >= per_expert  # a later placement of a layer saw the earlier ones queued
+    assert engine.host_placed_s == 0.0  # and they became the clock's jobs when the layer ran
+
+
+def test_balanced_splits_a_wide_layer_between_host_and_link(engine):
+    strategy = CpuExperts()
+    configure(engine, strategy, fraction=0.3)
+    places = []
+    for e in range(8):
+        where = strategy.place_miss((0, e), 1)
+        places.append(where)
+        if where == ON_HOST:  # as the engine's placement phase books it
+            c = engine.clock.costs
+            engine.host_placed_s += c.host_seconds(c.host_expert(1), engine.host_threads)
+    assert ON_HOST in places and FETCH in places
+    engine.host_placed_s = 0.0

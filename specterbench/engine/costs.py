@@ -16,14 +16,16 @@ call                                   meaning
 ``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized)
 ``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
                                        (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
-``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert)
-``head_s(rows=1)``                     the output head over ``rows`` positions
+``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert);
+                                       ``bytes_ratio=`` < 1 prices a draft's low-bit copy of its weights
+``head_s(rows=1)``                     the output head over ``rows`` positions (``bytes_ratio=`` as above)
 ``router_s(n_tokens)``                 applying one router (gate) to ``n_tokens`` hidden states
 ``host_expert_s(n_tokens)``            one expert on the host CPU, activations down and back included, host idle
 ``link_backlog_s(priority=None)``      until a copy issued now would *start*: the copy on the link plus every
                                        queued copy that outranks it (None: every queued copy)
 ``copy_arrival_s(priority=None)``      ``link_backlog_s(priority) + copy_s()``: until a copy issued now *lands*
-``host_backlog_s()``                   until the host finishes the experts it has been given
+``host_backlog_s()``                   until the host finishes the experts it has been given (the misses of the
+                                       layer being placed included)
 ``until_layer_s(layer)``               until the experts of MoE ``layer`` of the current forward are needed,
                                        assuming every expert in between hits (the layer itself included when it
                                        is the current one: 0.0); a ``layer`` already passed means the next forward
@@ -75,13 +77,16 @@ class CostModel:
         self.host = host
 
     # ---- what an operation is (FLOPs, bytes, launches) ----------------------------------------------
-    def dense_layer(self, n_tokens: int, context: int, moe: bool) -> Op:
-        """The non-routed part of one decoder layer over ``n_tokens`` new tokens at ``context`` positions."""
+    def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0) -> Op:
+        """The non-routed part of one decoder layer over ``n_tokens`` new tokens at ``context`` positions
+        (``bytes_ratio`` < 1: a draft's low-bit copy of its weights; the router and the KV cache stay 16-bit)."""
         g = self.geometry
         params = g.layer_dense_params(moe)
+        router = g.hidden * g.num_experts if moe else 0
         kv_bytes = 2 * context * g.kv_heads * g.head_dim * g.dtype_bytes
+        weight_bytes = ((params - router) * bytes_ratio + router) * g.dtype_bytes
         return Op(g.layer_scale * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
-                  g.layer_scale * (params * g.dtype_bytes + kv_bytes), round(8 * g.layer_scale))
+                  g.layer_scale * (weight_bytes + kv_bytes), round(8 * g.layer_scale))
 
     def expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> Op:
         """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's)."""
@@ -96,9 +101,9 @@ class CostModel:
         return Op(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
                   g.layer_scale * g.expert_bytes * bytes_ratio * len(tokens_per_expert), round(3 * g.layer_scale))
 
-    def head(self, rows: int) -> Op:
+    def head(self, rows: int, bytes_ratio: float = 1.0) -> Op:
         g = self.geometry
-        return Op(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes, 2)
+        return Op(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes * bytes_ratio, 2)
 
     def router(self, n_tokens: int) -> Op:
         g = self.geometry
@@ -164,11 +169,11 @@ class CostEstimates:
     def experts_fused_s(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> float:
         return self.model.op_seconds(*self.model.experts_fused(tokens_per_expert, bytes_ratio))
 
-    def layer_s(self, n_tokens: int, moe: bool = True) -> float:
-        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe))
+    def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float = 1.0) -> float:
+        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, bytes_ratio))
 
-    def head_s(self, rows: int = 1) -> float:
-        return self.model.op_seconds(*self.model.head(rows))
+    def head_s(self, rows: int = 1, bytes_ratio: float = 1.0) -> float:
+        return self.model.op_seconds(*self.model.head(rows, bytes_ratio))
 
     def router_s(self, n_tokens: int) -> float:
         return self.model.op_seconds(*self.model.router(n_tokens))
@@ -183,7 +188,7 @@ class CostEstimates:
         return self.link_backlog_s(priority) + self.copy_s()
 
     def host_backlog_s(self) -> float:
-        return self._engine.clock.host_backlog_s()
+        return self._engine.clock.host_backlog_s() + self._engine.host_placed_s
 
     def now_s(self) -> float:
         return self._engine.clock.now()

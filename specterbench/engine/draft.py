@@ -12,12 +12,18 @@
 Bytes are the packed bytes plus the per-group metadata, known before quantizing (a budget can be checked
 first), and are charged to the strategy that keeps the copies on the device. The modeled clock prices the
 draft's routed experts of one layer as one fused low-bit MoE kernel (as the artifact runs them).
+
+:class:`QuantizedDense` is the draft's optional low-bit copy of everything else it reads per token — attention,
+shared experts, dense MLPs and the output head (every ``nn.Linear`` of the model; routers and the embedding
+stay shared): swapped in for the draft's forward (``engine.forward(..., dense=copy)``) and priced at its bits.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+from torch import nn
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +34,7 @@ from specterbench.errors import UsageError
 QUANTIZERS = ("bnb", "int", "hqq")
 SUPPORTED_BITS = {"bnb": (4, 8), "int": (2, 3, 4, 8), "hqq": (2, 3, 4, 8)}
 SUPPORTED_4BIT_TYPES = ("nf4", "fp4")
+DENSE_BITS = (16, 8, 4, 3)  # the draft's dense weights: 16 = shared with the target (no copy)
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
@@ -102,11 +109,95 @@ def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
     return drafts[spec]
 
 
+def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
+    """The spec of a draft's dense copy at ``bits`` (the project's int quantizer), None for 16 (no copy); a
+    one-line UsageError for bits outside :data:`DENSE_BITS`."""
+    try:
+        bits = int(bits)
+    except (TypeError, ValueError):
+        bits = None
+    if bits not in DENSE_BITS:
+        raise UsageError(f"option dense_bits={bits!r} is invalid: use one of {', '.join(map(str, DENSE_BITS))} "
+                         f"(16: the draft shares the target's attention, shared experts and head)")
+    return None if bits == 16 else QuantSpec(bits=bits, blocksize=blocksize, quantizer="int")
+
+
+def dense_params(geometry) -> float:
+    """Weights a draft's dense copy holds at ``geometry``: every layer's non-routed part but the routers (as
+    the modeled clock reads them) and the output head."""
+    g = geometry
+    dense = (g.layers - g.moe_layers) * g.layer_dense_params(moe=False)
+    moe = g.moe_layers * (g.layer_dense_params(moe=True) - g.hidden * g.num_experts)
+    return g.layer_scale * (dense + moe) + g.vocab * g.hidden
+
+
+def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
+    """Device bytes of a dense copy with ``spec`` in the engine's byte units: its share of the expert bytes at
+    the priced geometry (a projection charges what the real model's copy would take of its budget)."""
+    if spec is None:
+        return 0
+    g = engine.geometry
+    real = dense_params(g) * spec.bits_per_weight() / 8
+    return int(round(real / g.all_expert_bytes * engine.total_expert_bytes))
+
+
+def dense_linears(model) -> list[nn.Linear]:
+    """The linear layers a dense copy replaces: all but the tiny per-layer shared-expert gates."""
+    return [m for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and not name.endswith("shared_expert_gate")]
+
+
+class QuantizedDense:
+    """The draft's own low-bit copy of the dense weights; ``with copy:`` swaps it into the model (the target's
+    weights come back on exit). ``bytes_ratio``: the copy's bytes per weight over 16-bit."""
+
+    def __init__(self, engine, spec: QuantSpec):
+        self.engine, self.spec = engine, spec
+        self.nbytes = dense_quantized_bytes(engine, spec)
+        self.bytes_ratio = spec.bits_per_weight() / 16
+        self.modules = dense_linears(engine.model)
+        self.weights = [nn.Parameter(roundtrip(m.weight.detach().float(), spec).to(m.weight.dtype),
+                                     requires_grad=False) for m in self.modules]
+        self._saved: list = []
+
+    def __enter__(self):
+        self._saved = [m._parameters["weight"] for m in self.modules]
+        for m, w in zip(self.modules, self.weights):
+            m._parameters["weight"] = w
+        return self
+
+    def __exit__(self, *exc):
+        for m, w in zip(self.modules, self._saved):
+            m._parameters["weight"] = w
+        self._saved = []
+        return False
+
+    def park(self) -> None:
+        if self.engine.device.type != "cpu":  # pragma: no cover - needs CUDA
+            self.weights = [nn.Parameter(w.data.to("cpu"), requires_grad=False) for w in self.weights]
+
+    def unpark(self) -> None:
+        if self.engine.device.type != "cpu":  # pragma: no cover - needs CUDA
+            self.weights = [nn.Parameter(w.data.to(self.engine.device), requires_grad=False) for w in self.weights]
+
+
+def shared_dense(engine, spec: QuantSpec | None) -> QuantizedDense | None:
+    """One dense copy per (engine, spec), shared by the cells that use it; None for no copy."""
+    if spec is None:
+        return None
+    copies = engine.__dict__.setdefault("_quantized_dense", {})
+    if spec not in copies:
+        copies[spec] = QuantizedDense(engine, spec)
+    copies[spec].unpark()
+    return copies[spec]
+
+
 def park_unclaimed(engine, strategy=None) -> None:
     """Between cells (top of ``Engine.configure``): every shared quantized copy moves to host memory, so that
     no cell holds device bytes it is not charged for; the strategy that uses one brings it back through
     :func:`shared_quantized` in its ``attach`` (and is charged for it by its ``device_bytes``)."""
-    for draft in engine.__dict__.get("_quantized_experts", {}).values():
+    for draft in (*engine.__dict__.get("_quantized_experts", {}).values(),
+                  *engine.__dict__.get("_quantized_dense", {}).values()):
         draft.park()
 
 

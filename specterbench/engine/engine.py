@@ -10,6 +10,8 @@ never through the clock's or the cache's internals.
 
 from __future__ import annotations
 
+import contextlib
+
 import time
 from dataclasses import dataclass, field
 
@@ -89,6 +91,8 @@ class Engine(CacheControl):
         self.stats = EngineStats()
         self.recorder: RoutingRecorder | None = None
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
+        self.host_placed_s = 0.0  # host seconds of this layer's misses placed on the host, not yet started
+        self.dense_ratio = 1.0  # weight bytes of the dense layers and head over 16-bit in this pass (a draft's copy)
         self.samples: list[StepSample] = []
         self.warming_up = False  # True between begin_warmup() and end_warmup()
         self.current_layer: int | None = None  # the MoE layer being run (None between layers' experts)
@@ -193,26 +197,32 @@ class Engine(CacheControl):
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, kv, *, all_logits: bool = False, experts=None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, kv, *, all_logits: bool = False, experts=None,
+                dense=None) -> torch.Tensor:
         """One forward pass over ``input_ids`` [1, T]; returns logits [T, V] (or [1, V] unless ``all_logits``).
 
         ``experts``: a callable with the fused-experts signature plus the layer index, used instead of the
         offloaded cache for this pass (a resident self-draft); the strategy is not consulted then.
+        ``dense``: a :class:`~specterbench.engine.draft.QuantizedDense` swapped in for this pass (a draft's
+        low-bit attention, shared experts and head), its weights priced at its ``bytes_ratio``.
         """
         T = input_ids.shape[1]
         self.forward_tokens = T
         self.context_len = kv.get_seq_length() + T
         self.expert_override = experts
+        self.dense_ratio = 1.0 if dense is None else dense.bytes_ratio
         if experts is None:
             self.strategy.on_step_start(T)
         self._charge_dense_layers(T)
         try:
-            out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
-                             logits_to_keep=0 if all_logits else 1)
+            with dense if dense is not None else contextlib.nullcontext():
+                out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
+                                 logits_to_keep=0 if all_logits else 1)
+            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio))
         finally:
             self.expert_override = None
+            self.dense_ratio = 1.0
             self.current_layer = self.current_hidden = self.routing = None
-        self.clock.compute(*self.clock.costs.head(out.logits.shape[1]))
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")
         return out.logits[0].float()
@@ -272,11 +282,13 @@ class Engine(CacheControl):
     def _charge_dense_layers(self, T: int) -> None:
         g, costs = self.geometry, self.clock.costs
         for _ in range(g.layers - g.moe_layers):
-            self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False))
+            self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False,
+                                                  bytes_ratio=self.dense_ratio))
 
     def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         """One MoE layer through the cache (the seam's call); phases in :mod:`specterbench.engine.moe_layer`."""
-        self.clock.compute(*self.clock.costs.dense_layer(hidden.shape[0], self.context_len, moe=True))
+        self.clock.compute(*self.clock.costs.dense_layer(hidden.shape[0], self.context_len, moe=True,
+                                                         bytes_ratio=self.dense_ratio))
         if self.expert_override is not None:
             return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         groups = group_tokens(top_k_index, top_k_weights, self.num_experts)

@@ -55,6 +55,9 @@ def place(engine: "Engine", layer: int, groups: TokenGroups) -> dict[ExpertKey, 
         elif where in (ON_HOST, SUBSTITUTE):
             elsewhere[key] = where
             pending.discard(key)
+            if where == ON_HOST:  # the host's queue, as the next placement of this layer sees it
+                costs = engine.clock.costs
+                engine.host_placed_s += costs.host_seconds(costs.host_expert(n), engine.host_threads)
         else:
             raise EngineViolation(f"strategy {strategy.name!r} placed {key} at {where!r}; use fetch, host or "
                                   f"substitute")
@@ -66,6 +69,7 @@ def run_elsewhere(engine: "Engine", elsewhere: dict[ExpertKey, str], groups: Tok
     """Phase 2: start the host experts (their results are joined after the device's) and run substitutes.
     Returns the host jobs with the token rows each serves."""
     clock, stats, costs = engine.clock, engine.stats, engine.clock.costs
+    engine.host_placed_s = 0.0  # placed experts become the clock's host jobs now
     jobs = []
     for key, where in elsewhere.items():
         token_idx, scale = groups.of(key[1])

@@ -23,7 +23,8 @@ from collections import Counter
 import torch
 
 from specterbench import Strategy
-from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
+from specterbench.engine.draft import (QuantSpec, dense_quantized_bytes, dense_spec, quantized_bytes, shared_dense,
+                                       shared_quantized)
 from specterbench.errors import BudgetError, UsageError
 
 MAX_K = 32
@@ -63,12 +64,18 @@ class SpeculativeDecoding(Strategy):
     version = "2"
     uses_calibration = True
     draft_defaults: dict = {}  # QuantSpec defaults of this strategy
+    dense_bits_default = 16  # the draft's attention, shared experts and head: 16 = the target's own weights
     k_candidates: tuple[int, ...] = (1, 2, 3, 4, 6, 8)  # K profiled on calibration prompts when k=auto
     profile_tokens = 16
 
     @classmethod
     def option_names(cls):
-        return ("k", *QuantSpec.OPTIONS)
+        return ("k", "dense_bits", *QuantSpec.OPTIONS)
+
+    @classmethod
+    def dense_spec_of(cls, options: dict):
+        """The spec of the draft's dense copy (``--set NAME.dense_bits=4``), None when it shares the target's."""
+        return dense_spec(options.get("dense_bits", cls.dense_bits_default))
 
     @classmethod
     def parse_depth(cls, value):
@@ -84,17 +91,20 @@ class SpeculativeDecoding(Strategy):
                              f"{', '.join(cls.option_names())}")
         cls.parse_depth(options.get("k", "auto"))
         QuantSpec.from_options(options, **cls.draft_defaults)
+        cls.dense_spec_of(options)
 
     @classmethod
     def check_budget(cls, engine, budget_bytes: int, options: dict) -> None:
         """Refuse, in one line naming the smallest budget that works, a budget that cannot hold the draft plus
         the experts one forward needs."""
         spec = QuantSpec.from_options(options, **cls.draft_defaults)
-        draft = quantized_bytes(engine, spec)
+        dense = cls.dense_spec_of(options)
+        draft = quantized_bytes(engine, spec) + dense_quantized_bytes(engine, dense)
         need = draft + engine.min_budget_bytes()
         if budget_bytes < need:
             pct = math.ceil(1000 * need / engine.total_expert_bytes) / 10
-            raise BudgetError(f"budget {budget_bytes} bytes cannot hold {cls.name}'s {spec.label()} draft "
+            label = spec.label() + (f" + dense {dense.label()}" if dense else "")
+            raise BudgetError(f"budget {budget_bytes} bytes cannot hold {cls.name}'s {label} draft "
                               f"({draft} bytes) plus the top-{engine.top_k} experts of one layer; the smallest "
                               f"budget that works is {pct:.1f}% ({need} bytes)")
 
@@ -103,16 +113,26 @@ class SpeculativeDecoding(Strategy):
         self.validate_options(options)
         self.k_option = self.parse_depth(options.get("k", "auto"))
         self.spec = QuantSpec.from_options(options, **self.draft_defaults)
+        self.dense_spec = self.dense_spec_of(options)
         self.k = 4 if self.k_option == "auto" else self.k_option
         self.k_profile: dict[int, float] = {}
 
     # ---- setup -------------------------------------------------------------------------------------
     def device_bytes(self, engine):
-        return quantized_bytes(engine, self.spec)
+        return self.draft_bytes(engine)
+
+    def draft_bytes(self, engine) -> int:
+        """The draft's device bytes: its routed experts plus its dense copy (if it has one)."""
+        return quantized_bytes(engine, self.spec) + dense_quantized_bytes(engine, self.dense_spec)
+
+    dense = None
+    dense_ratio = 1.0
 
     def attach(self, engine):
         super().attach(engine)
         self.draft = shared_quantized(engine, self.spec)
+        self.dense = shared_dense(engine, self.dense_spec)
+        self.dense_ratio = 1.0 if self.dense is None else self.dense.bytes_ratio
         self.slots = engine.cache.capacity_bytes // engine.expert_bytes
         self.reset_metrics()
         self.begin_window(0)
@@ -191,7 +211,7 @@ class SpeculativeDecoding(Strategy):
         for step in range(k):
             self.draft.routing.clear()
             t_step = engine.clock.now()
-            dl = engine.forward(torch.tensor([[last]]), kv, experts=self.draft)
+            dl = engine.forward(torch.tensor([[last]]), kv, experts=self.draft, dense=self.dense)
             last = sampler.pick(dl[-1], len(seq) + step)
             proposals.append(last)
             self.after_draft_step(step, self.draft.routing, engine.clock.now() - t_step)
@@ -250,9 +270,10 @@ class SpeculativeDecoding(Strategy):
         m = {
             "k": self.k,
             "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
-            "draft_quant": self.spec.label(),
+            "draft_quant": self.spec.label() + (f" + dense {self.dense_spec.label()}" if self.dense_spec else ""),
             "draft_bits_per_weight": round(self.spec.bits_per_weight(), 3),
-            "draft_device_bytes": self.draft.nbytes,
+            "draft_dense_bits": self.dense_spec.bits if self.dense_spec else 16,
+            "draft_device_bytes": self.draft_bytes(self.engine),
             "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
             "mean_accepted_tokens": statistics.mean(lengths) if lengths else None,
             "tokens_per_window": (statistics.mean(lengths) + 1) if lengths else None,

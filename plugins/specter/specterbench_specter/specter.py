@@ -55,10 +55,11 @@ class Specter(SpeculativeDecoding):
     description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
                    "governor, 0..32), its routing plans the prefetch, misses run on the host when faster")
     draft_defaults = {"quantizer": "int", "bits": 3, "blocksize": 128}
+    dense_bits_default = 8  # the draft's attention, shared experts and head as int8/g64 (int4 costs acceptance here)
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", *QuantSpec.OPTIONS)
+        return ("k", "host", "dense_bits", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 
@@ -128,7 +129,7 @@ class Specter(SpeculativeDecoding):
         cheaper per token than the best window with the draft, drop the draft and give its bytes to the cache
         (``engine.release_device_bytes``); the cell then decodes with K = 0 only. The bigger cache's misses are
         scaled from the smaller one's by the calibration counts' coverage of the popular experts it holds."""
-        costs = WindowCosts(engine, self.draft.bytes_ratio, 10**6, self.host_path)
+        costs = WindowCosts(engine, self.draft.bytes_ratio, 10**6, self.host_path, self.dense_ratio)
         g = self.governor
         g.prior_miss_s = costs.prior_miss_s()
         spec = min((g.forecast(k, costs) for k in g.choices if k), key=lambda f: f.per_token_s)
@@ -146,7 +147,7 @@ class Specter(SpeculativeDecoding):
         self.plain_forecast_ms, self.spec_forecast_ms = plain_big * 1e3, spec.per_token_s * 1e3
         if plain_big >= spec.per_token_s:
             return
-        engine.release_device_bytes(self.draft.nbytes)
+        engine.release_device_bytes(self.draft_bytes(engine))
         self.draft_released = True
         self.k_option, self.k = 0, 0
         self.slots = engine.cache.capacity_bytes // engine.expert_bytes
@@ -155,7 +156,8 @@ class Specter(SpeculativeDecoding):
     # ---- the governor ------------------------------------------------------------------------------
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
-        costs = WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path)
+        costs = WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path,
+                            self.dense_ratio)
         if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are
             self.governor.prior_miss_s = costs.prior_miss_s()
             self.forecast = self.governor.forecast(min(self.k, remaining), costs)

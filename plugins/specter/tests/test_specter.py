@@ -189,6 +189,19 @@ def test_check_budget_names_the_smallest_budget_that_works():
         Specter.check_budget(engine, int(0.05 * engine.total_expert_bytes), {"bits": 4})
     pct = float(str(err.value).split("works is ")[1].split("%")[0])
     Specter.check_budget(engine, int(pct / 100 * engine.total_expert_bytes) + 1, {"bits": 4})
+    assert "+ dense int8/g64" in str(err.value)  # Specter's default draft has its own 8-bit dense copy
+
+
+def test_the_dense_copy_is_charged_with_the_draft_and_given_back_with_it():
+    from specterbench.engine.draft import dense_quantized_bytes, dense_spec, quantized_bytes
+
+    engine = engine_for()
+    engine.geometry = project(engine.own_geometry, "mixtral")
+    with_copy, without = Specter(), Specter(dense_bits=16)
+    assert with_copy.dense_spec == dense_spec(8) and without.dense_spec is None
+    assert with_copy.device_bytes(engine) == quantized_bytes(engine, with_copy.spec) + dense_quantized_bytes(
+        engine, dense_spec(8))
+    assert without.device_bytes(engine) == quantized_bytes(engine, without.spec)
 
 
 def test_the_draft_goes_back_to_the_cache_when_plain_decoding_is_predicted_cheaper():
