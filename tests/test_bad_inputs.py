@@ -426,3 +426,9 @@ def test_no_progress_bars_when_stderr_is_not_a_terminal(tmp_path):
                          env={**os.environ, "CI": ""})
     assert run.returncode == 0, run.stderr
     assert "it/s]" not in run.stderr and "Loading weights" not in run.stderr
+
+
+@pytest.mark.parametrize("drafts, needle", [("int3/g128+d5", "dense_bits=5 is invalid"),
+                                            ("int3/g128+dx", "cannot read 'int3/g128+dx'")])
+def test_eval_drafts_with_a_bad_dense_copy_are_refused_before_anything_runs(cli, tmp_path, drafts, needle):
+    assert needle in refused(cli, "eval", "--model", MODEL, "--drafts", drafts, "--out", tmp_path)

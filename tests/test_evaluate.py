@@ -50,7 +50,8 @@ def eval_run(tmp_path_factory):
     add_parser(parser.add_subparsers())
     args = parser.parse_args(["eval", "--model", "tiny-random-mixtral", "--strategies", "test-boom,test-liar,lru",
                               "--tasks", "shakespeare_scramble,shakespeare_complete", "--limit", "2",
-                              "--drafts", "nf4/b64,int3/g128", "--out", str(out), "--run-id", "t", "--quiet"])
+                              "--drafts", "nf4/b64,int3/g128,int3/g128+d8", "--out", str(out), "--run-id", "t",
+                              "--quiet"])
     stdout, stderr = io.StringIO(), io.StringIO()
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -72,6 +73,9 @@ def test_eval_prints_the_quality_table_with_reference_strategy_and_draft_rows(ev
     assert "| draft (int3/g128, alone)" in stdout  # one row per --drafts quantization, each with its bytes
     assert int3["info"]["draft_bits_per_weight"] < nf4["info"]["draft_bits_per_weight"] < 5
     assert int3["info"]["draft_device_bytes"] < nf4["info"]["draft_device_bytes"]
+    whole = rows[("draft int3/g128+d8", "shakespeare_scramble")]  # Specter's default: its own int8 dense copy
+    assert whole["status"] == "ok" and "| draft (int3/g128 + dense int8/g64, alone)" in stdout
+    assert whole["info"]["draft_device_bytes"] > int3["info"]["draft_device_bytes"]
     assert (run_dir / "eval.md").read_text().count("| tiny-random-mixtral | reference ") == 2
 
 

@@ -50,8 +50,9 @@ def add_parser(subparsers) -> None:
     s.add_argument("--include-path", default=None, help="another folder of lm-eval task YAML files")
     s.add_argument("--no-draft", action="store_true", help="leave out the draft-alone row")
     s.add_argument("--drafts", default=None, metavar="SPEC,...",
-                   help="one draft-alone row per quantization, e.g. int4/g128,int3/g128,int2/g128,nf4/b64 "
-                        "(QUANTIZER BITS / GROUP; default: one row, --set draft.*)")
+                   help="one draft-alone row per quantization, e.g. int4/g128,int3/g128,int3/g128+d8,nf4/b64 "
+                        "(QUANTIZER BITS / GROUP, +dBITS: the draft's own dense copy; default: one row, "
+                        "--set draft.*)")
     s.add_argument("--bootstrap-iters", type=int, default=DEFAULT_BOOTSTRAP_ITERS,
                    help="bootstrap iterations for perplexity stderr (lm-eval's default is 100000)")
     s.add_argument("--out", default="results")
@@ -74,10 +75,12 @@ def parse_drafts(text: str | None) -> tuple[dict, ...] | None:
         return None
     out = []
     for item in _csv(text):
+        item, _, dense = item.partition("+d")
         m = re.fullmatch(r"(int|hqq)([0-9]+)/g([0-9]+)|(nf4|fp4)/b([0-9]+)|int8/b([0-9]+)", item)
-        if m is None:
-            raise UsageError(f"--drafts: cannot read {item!r}; write QUANTIZER BITS / GROUP, e.g. int4/g128, "
-                             f"int3/g128, hqq2/g64, nf4/b64, fp4/b64, int8/b64")
+        if m is None or (dense and not dense.isdigit()):
+            raise UsageError(f"--drafts: cannot read {item + ('+d' + dense if dense else '')!r}; write QUANTIZER "
+                             f"BITS / GROUP, e.g. int4/g128, int3/g128, hqq2/g64, nf4/b64, fp4/b64, int8/b64, and "
+                             f"+dBITS for the draft's own dense copy (int3/g128+d8)")
         if m.group(1):
             opts = {"quantizer": m.group(1), "bits": int(m.group(2)), "blocksize": int(m.group(3))}
         elif m.group(4):
@@ -85,6 +88,11 @@ def parse_drafts(text: str | None) -> tuple[dict, ...] | None:
         else:
             opts = {"quantizer": "bnb", "bits": 8, "blocksize": int(m.group(6))}
         QuantSpec.from_options(opts)  # bits the quantizer cannot do: one line now
+        if dense:
+            from specterbench.engine.draft import dense_spec
+
+            dense_spec(dense)
+            opts["dense_bits"] = int(dense)
         out.append(opts)
     return tuple(out)
 

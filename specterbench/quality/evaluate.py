@@ -171,7 +171,11 @@ def draft_variants(drafts: tuple[dict, ...] | None, default: dict) -> list[tuple
         return [(DRAFT, DRAFT, default)]
     if len(drafts) == 1:
         return [(DRAFT, DRAFT, dict(drafts[0]))]
-    return [(f"{DRAFT} {QuantSpec.from_options(opts).label()}", DRAFT, dict(opts)) for opts in drafts]
+    def label(opts):
+        dense = opts.get("dense_bits", 16)
+        return QuantSpec.from_options(opts).label() + (f"+d{dense}" if int(dense) != 16 else "")
+
+    return [(f"{DRAFT} {label(opts)}", DRAFT, dict(opts)) for opts in drafts]
 
 
 # the table and the command line live in their own modules; every name of the one-module layout stays importable

@@ -58,7 +58,7 @@ REFERENCE, DRAFT = "reference", "draft"
 DEFAULT_MODEL = "tiny-random-mixtral"
 DEFAULT_BUDGET = "50%"
 DEFAULT_PROFILE = "a100-40g-pcie4"
-DRAFT_OPTIONS = ("bits", "quant_type", "blocksize", "quantizer")
+DRAFT_OPTIONS = ("bits", "quant_type", "blocksize", "quantizer", "dense_bits")
 _LM_EVAL_INJECTED = ("trust_remote_code",)  # model_args lm-eval adds on its own
 
 
@@ -139,7 +139,7 @@ class SpecterbenchLM(TemplateLM):
 
         engine = self.engine
         total = engine.total_expert_bytes
-        self.draft = None
+        self.draft = self.draft_dense = None
         self.lossless = True
         if self.variant in (REFERENCE, DRAFT):
             allowed = DRAFT_OPTIONS if self.variant == DRAFT else ()
@@ -153,15 +153,18 @@ class SpecterbenchLM(TemplateLM):
             if self.variant == REFERENCE:
                 self.strategy.prepare(engine)
             else:
-                from specterbench.engine.draft import QuantizedExperts, QuantSpec
+                from specterbench.engine.draft import QuantizedExperts, QuantSpec, dense_spec, shared_dense
 
                 spec = QuantSpec.from_options(options)  # one parser, one-line errors (bits, group, quantizer)
+                dense = dense_spec(options.get("dense_bits", 16))  # the draft's own attention/shared/head copy
                 # the same quantized experts a speculative strategy with this spec drafts with
                 drafts = engine.__dict__.setdefault("_quantized_drafts", {})
                 if spec not in drafts:
                     drafts[spec] = QuantizedExperts(engine, spec)
                 self.draft = drafts[spec]
-                self.draft_label, self.draft_spec = spec.label(), spec
+                self.draft_dense = shared_dense(engine, dense)
+                self.draft_label = spec.label() + (f" + dense {dense.label()}" if dense else "")
+                self.draft_spec = spec
                 self.lossless = False
             return
         cls = self.host.strategies().get(self.variant)
@@ -265,7 +268,7 @@ class SpecterbenchLM(TemplateLM):
         }
         if self.draft is not None:
             info["draft_quant"] = self.draft_label
-            info["draft_device_bytes"] = self.draft.nbytes
+            info["draft_device_bytes"] = self.draft.nbytes + (self.draft_dense.nbytes if self.draft_dense else 0)
             info["draft_bits_per_weight"] = round(self.draft_spec.bits_per_weight(), 3)
         else:
             info["strategy_device_bytes"] = self.strategy.device_bytes(engine)
@@ -279,7 +282,7 @@ class SpecterbenchLM(TemplateLM):
         kv = engine.new_kv_cache()
         x = torch.tensor([ids], dtype=torch.long)  # [1, T]
         if self.draft is not None:
-            out = engine.forward(x, kv, all_logits=True, experts=self.draft)
+            out = engine.forward(x, kv, all_logits=True, experts=self.draft, dense=self.draft_dense)
             self.draft.routing.clear()  # it records every call; nobody reads it here
             return out
         self._requests += 1
@@ -339,10 +342,10 @@ class SpecterbenchLM(TemplateLM):
             return list(self.strategy.generate(engine, request))
         sampler, position = request.sampler(), len(context)
         kv = engine.new_kv_cache()
-        logits = engine.forward(torch.tensor([context]), kv, experts=self.draft)
+        logits = engine.forward(torch.tensor([context]), kv, experts=self.draft, dense=self.draft_dense)
         tokens = [sampler.pick(logits[-1], position)]
         while len(tokens) < max_new_tokens:
-            logits = engine.forward(torch.tensor([tokens[-1:]]), kv, experts=self.draft)
+            logits = engine.forward(torch.tensor([tokens[-1:]]), kv, experts=self.draft, dense=self.draft_dense)
             tokens.append(sampler.pick(logits[-1], position + len(tokens)))
         self.draft.routing.clear()
         return tokens
