@@ -31,7 +31,7 @@ SWEEP_ARGS ?=
 GATE_MODELS ?= tiny-mixtral,tiny-qwen-moe,tiny-deepseek
 GATE_STRATEGIES ?= on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,spec-decode,specmoeoff,specter
 GATE_RUN_ARGS ?= --geometry auto --strategies $(GATE_STRATEGIES) \
-  --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 16 --prompts 4 --seed 0 \
+  --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 32 --prompts 4 --seed 0 \
   --decode $(DECODE) --temperature $(TEMPERATURE) --quiet
 GATE_JOBS ?= 2
 GATE_JSON ?= results/gate.json
