@@ -99,12 +99,16 @@ SUBSTITUTE = "substitute"  # compute with the strategy's own device copy, e.g. 4
 class Calibration:
     """What profiling strategies learn from the calibration workload (never the benchmark prompts).
 
-    ``counts``: [moe_layers, experts] routed-token counts; ``prompts``: token ids of the calibration prompts.
+    ``counts``: [moe_layers, experts] routed-token counts; ``prompts``: token ids of the calibration prompts;
+    ``decode``: the run's decode setting — a strategy that decodes calibration prompts to profile itself (a depth
+    profiler, a governor's seed) decodes them as the benchmark will (greedy continuations of a small model repeat
+    themselves and route to a handful of experts).
     """
 
     counts: "torch.Tensor"
     prompts: tuple[tuple[int, ...], ...]
     sequences: tuple["torch.Tensor", ...] = ()  # per calibration prompt: its own [layers, experts] counts
+    decode: DecodeSetting = GREEDY
 
 
 class Strategy:

@@ -150,7 +150,7 @@ class SpeculativeDecoding(Strategy):
             self.k = k
             tpots = []
             for i, ids in enumerate(calibration.prompts[:2]):
-                request = Request(f"k-profile-{i}", ids, self.profile_tokens)
+                request = Request(f"k-profile-{i}", ids, self.profile_tokens, decode=calibration.decode)
                 engine.begin_request(request)
                 self.generate(engine, request)
                 seconds = sum(s.clock_s for s in engine.samples[1:])  # decode time, after the first token

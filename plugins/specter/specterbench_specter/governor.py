@@ -13,8 +13,9 @@ observed); a share ``hit`` of them is in the cache when the window starts (obser
 most the draft's recall of the rest, what the link moves while the draft runs, and what the layer's share of
 the cache can hold. ``miss_s`` — what one uncovered expert adds to the window — is fitted to the realised
 windows (least squares through the origin on the residual after draft and compute), starting from the cheaper
-of a copy and a host computation; what remains is corrected per depth by the realised/modelled ratio at the
-nearest depth taken (the calibration prompts take every depth once before the benchmark starts). All times are seconds; every forecast and the realised time of the window
+of a copy and a host computation; what remains is corrected per depth by the realised/modelled ratio there
+(recent windows weigh most; between depths taken, interpolated), and the calibration prompts, decoded as the
+benchmark will be, take every depth once before the benchmark starts. All times are seconds; every forecast and the realised time of the window
 taken are recorded.
 """
 
@@ -24,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 K_CHOICES = tuple(range(0, 33, 2))  # 0, 2, …, 32
+RATIO_MEMORY = 0.85  # weight of a depth's earlier windows in its realised/modelled ratio at each new one
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,17 +131,28 @@ class Governor:
         self.miss_xy += misses * (realised_s - explained)
         self.miss_xx += misses * misses
         real, pred = self.ratio.get(forecast.k, (0.0, 0.0))
-        self.ratio[forecast.k] = (real + realised_s, pred + model_s)
+        keep = RATIO_MEMORY  # older windows fade: the first forecasts were made before miss_s was fitted
+        self.ratio[forecast.k] = (keep * real + realised_s, keep * pred + model_s)
         self.log.append((forecast.k, forecast.window_s, realised_s))
 
+    def _ratio_at(self, d: int) -> float:
+        real, pred = self.ratio[d]
+        return real / pred if pred > 0 else 1.0
+
     def bias(self, k: int) -> float:
-        """Realised over modelled window time at the nearest depth taken so far (1.0 before any): what the
-        model misses at a depth — e.g. host misses queueing behind each other in short windows."""
+        """Realised over modelled window time at depth ``k`` (1.0 before any window): the ratio at ``k`` if it was
+        taken, else interpolated between the nearest depths taken on either side (the nearest one beyond them) —
+        what the model misses at a depth, e.g. host misses queueing behind each other in short windows."""
         if not self.ratio:
             return 1.0
-        near = min(self.ratio, key=lambda d: (abs(d - k), d))
-        real, pred = self.ratio[near]
-        return real / pred if pred > 0 else 1.0
+        if k in self.ratio:
+            return self._ratio_at(k)
+        below = max((d for d in self.ratio if d < k), default=None)
+        above = min((d for d in self.ratio if d > k), default=None)
+        if below is None or above is None:
+            return self._ratio_at(above if below is None else below)
+        w = (k - below) / (above - below)
+        return (1 - w) * self._ratio_at(below) + w * self._ratio_at(above)
 
     def miss_s(self) -> float:
         if self.miss_xx < 4.0:  # too few misses seen to trust the fit

@@ -96,7 +96,7 @@ class Specter(SpeculativeDecoding):
             for i, ids in enumerate(calibration.prompts[:2]):  # until every listed depth has had its window
                 if not self.explore:
                     break
-                request = Request(f"governor-seed-{i}", ids, sum(EXPLORE_K) // 2 + 8)
+                request = Request(f"governor-seed-{i}", ids, sum(EXPLORE_K) // 2 + 8, decode=calibration.decode)
                 engine.begin_request(request)
                 self.generate(engine, request)
             self.explore = []
