@@ -11,7 +11,6 @@ never through the clock's or the cache's internals.
 from __future__ import annotations
 
 import contextlib
-
 import time
 from dataclasses import dataclass, field
 
@@ -301,6 +300,7 @@ class Engine(CacheControl):
         self.strategy.before_layer(layer, groups.experts, groups.tokens_per_expert)
         self._pending = {(layer, e) for e in groups.experts}
         outputs: dict = {}
+        self.host_placed_s = 0.0
         elsewhere = moe_layer.place(self, layer, groups)
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
         moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
