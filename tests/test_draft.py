@@ -83,7 +83,7 @@ def test_bad_dense_bits_are_one_line(value):
 
     with pytest.raises(UsageError, match="use one of 16, 8, 4, 3") as err:
         dense_spec(value)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and f"dense_bits={value} is invalid" in str(err.value)
 
 
 def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():

@@ -23,10 +23,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from torch import nn
-
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
@@ -113,13 +112,13 @@ def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
     """The spec of a draft's dense copy at ``bits`` (the project's int quantizer), None for 16 (no copy); a
     one-line UsageError for bits outside :data:`DENSE_BITS`."""
     try:
-        bits = int(bits)
+        n = int(bits)
     except (TypeError, ValueError):
-        bits = None
-    if bits not in DENSE_BITS:
-        raise UsageError(f"option dense_bits={bits!r} is invalid: use one of {', '.join(map(str, DENSE_BITS))} "
+        n = None
+    if n not in DENSE_BITS:
+        raise UsageError(f"option dense_bits={bits} is invalid: use one of {', '.join(map(str, DENSE_BITS))} "
                          f"(16: the draft shares the target's attention, shared experts and head)")
-    return None if bits == 16 else QuantSpec(bits=bits, blocksize=blocksize, quantizer="int")
+    return None if n == 16 else QuantSpec(bits=n, blocksize=blocksize, quantizer="int")
 
 
 def dense_params(geometry) -> float:

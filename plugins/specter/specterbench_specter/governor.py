@@ -15,8 +15,8 @@ the cache can hold. ``miss_s`` — what one uncovered expert adds to the window 
 windows (least squares through the origin on the residual after draft and compute), starting from the cheaper
 of a copy and a host computation; what remains is corrected per depth by the realised/modelled ratio there
 (recent windows weigh most; between depths taken, interpolated), and the calibration prompts, decoded as the
-benchmark will be, take every depth once before the benchmark starts. All times are seconds; every forecast and the realised time of the window
-taken are recorded.
+benchmark will be, take every depth once before the benchmark starts. All times are seconds; every forecast and
+the realised time of the window taken are recorded.
 """
 
 from __future__ import annotations
