@@ -98,14 +98,20 @@ def quantized_bytes(engine, spec: QuantSpec) -> int:
     return sum(spec.tensor_bytes(w.numel()) for pair in engine.store.weights.values() for w in pair)
 
 
+def _shared(engine, store: str, spec: QuantSpec, make):
+    """The one copy per (engine, ``store``, spec), made by ``make(engine, spec)`` the first time; a parked copy
+    comes back to the device."""
+    copies = engine.__dict__.setdefault(store, {})
+    if spec not in copies:
+        copies[spec] = make(engine, spec)
+    copies[spec].unpark()
+    return copies[spec]
+
+
 def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
     """One quantized copy per (engine, spec), shared by the cells that use it (quantizing takes seconds); a
     parked copy comes back to the device."""
-    drafts = engine.__dict__.setdefault("_quantized_experts", {})
-    if spec not in drafts:
-        drafts[spec] = QuantizedExperts(engine, spec)
-    drafts[spec].unpark()
-    return drafts[spec]
+    return _shared(engine, "_quantized_experts", spec, QuantizedExperts)
 
 
 def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
@@ -182,13 +188,12 @@ class QuantizedDense:
 
 def shared_dense(engine, spec: QuantSpec | None) -> QuantizedDense | None:
     """One dense copy per (engine, spec), shared by the cells that use it; None for no copy."""
-    if spec is None:
-        return None
-    copies = engine.__dict__.setdefault("_quantized_dense", {})
-    if spec not in copies:
-        copies[spec] = QuantizedDense(engine, spec)
-    copies[spec].unpark()
-    return copies[spec]
+    return None if spec is None else _shared(engine, "_quantized_dense", spec, QuantizedDense)
+
+
+def draft_label(spec: QuantSpec, dense: QuantSpec | None = None) -> str:
+    """``int3/g128``, or ``int3/g128 + dense int8/g64`` for a draft with its own dense copy."""
+    return spec.label() + (f" + dense {dense.label()}" if dense else "")
 
 
 def park_unclaimed(engine, strategy=None) -> None:

@@ -153,18 +153,14 @@ class SpecterbenchLM(TemplateLM):
             if self.variant == REFERENCE:
                 self.strategy.prepare(engine)
             else:
-                from specterbench.engine.draft import QuantizedExperts, QuantSpec, dense_spec, shared_dense
+                from specterbench.engine.draft import QuantSpec, dense_spec, draft_label, shared_dense, shared_quantized
 
                 spec = QuantSpec.from_options(options)  # one parser, one-line errors (bits, group, quantizer)
                 dense = dense_spec(options.get("dense_bits", 16))  # the draft's own attention/shared/head copy
-                # the same quantized experts a speculative strategy with this spec drafts with
-                drafts = engine.__dict__.setdefault("_quantized_drafts", {})
-                if spec not in drafts:
-                    drafts[spec] = QuantizedExperts(engine, spec)
-                self.draft = drafts[spec]
+                # the same quantized copies a speculative strategy with this spec drafts with
+                self.draft = shared_quantized(engine, spec)
                 self.draft_dense = shared_dense(engine, dense)
-                self.draft_label = spec.label() + (f" + dense {dense.label()}" if dense else "")
-                self.draft_spec = spec
+                self.draft_label, self.draft_spec = draft_label(spec, dense), spec
                 self.lossless = False
             return
         cls = self.host.strategies().get(self.variant)

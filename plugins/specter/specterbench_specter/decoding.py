@@ -23,8 +23,8 @@ from collections import Counter
 import torch
 
 from specterbench import Strategy
-from specterbench.engine.draft import (QuantSpec, dense_quantized_bytes, dense_spec, quantized_bytes, shared_dense,
-                                       shared_quantized)
+from specterbench.engine.draft import (QuantSpec, dense_quantized_bytes, dense_spec, draft_label, quantized_bytes,
+                                       shared_dense, shared_quantized)
 from specterbench.errors import BudgetError, UsageError
 
 MAX_K = 32
@@ -103,9 +103,8 @@ class SpeculativeDecoding(Strategy):
         need = draft + engine.min_budget_bytes()
         if budget_bytes < need:
             pct = math.ceil(1000 * need / engine.total_expert_bytes) / 10
-            label = spec.label() + (f" + dense {dense.label()}" if dense else "")
-            raise BudgetError(f"budget {budget_bytes} bytes cannot hold {cls.name}'s {label} draft "
-                              f"({draft} bytes) plus the top-{engine.top_k} experts of one layer; the smallest "
+            raise BudgetError(f"budget {budget_bytes} bytes cannot hold {cls.name}'s {draft_label(spec, dense)} "
+                              f"draft ({draft} bytes) plus the top-{engine.top_k} experts of one layer; the smallest "
                               f"budget that works is {pct:.1f}% ({need} bytes)")
 
     def __init__(self, **options):
@@ -126,13 +125,16 @@ class SpeculativeDecoding(Strategy):
         return quantized_bytes(engine, self.spec) + dense_quantized_bytes(engine, self.dense_spec)
 
     dense = None
-    dense_ratio = 1.0
+
+    @property
+    def dense_ratio(self) -> float:
+        """The draft's dense weights over 16-bit (1.0: it reads the target's)."""
+        return 1.0 if self.dense is None else self.dense.bytes_ratio
 
     def attach(self, engine):
         super().attach(engine)
         self.draft = shared_quantized(engine, self.spec)
         self.dense = shared_dense(engine, self.dense_spec)
-        self.dense_ratio = 1.0 if self.dense is None else self.dense.bytes_ratio
         self.slots = engine.cache.capacity_bytes // engine.expert_bytes
         self.reset_metrics()
         self.begin_window(0)
@@ -270,7 +272,7 @@ class SpeculativeDecoding(Strategy):
         m = {
             "k": self.k,
             "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
-            "draft_quant": self.spec.label() + (f" + dense {self.dense_spec.label()}" if self.dense_spec else ""),
+            "draft_quant": draft_label(self.spec, self.dense_spec),
             "draft_bits_per_weight": round(self.spec.bits_per_weight(), 3),
             "draft_dense_bits": self.dense_spec.bits if self.dense_spec else 16,
             "draft_device_bytes": self.draft_bytes(self.engine),
