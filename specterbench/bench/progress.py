@@ -52,3 +52,7 @@ def quiet_library_bars(stream=None) -> None:
         from huggingface_hub.utils import disable_progress_bars
 
         disable_progress_bars()
+    if "transformers" in sys.modules:  # transformers copied huggingface_hub's setting when it was imported
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
