@@ -140,9 +140,7 @@ class Engine(CacheControl):
     # ---- cell setup ----------------------------------------------------------------------------------
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
         """Give ``strategy`` a fresh cache of ``budget_bytes`` minus what it keeps on the device itself."""
-        from specterbench.engine.draft import park_unclaimed
-
-        park_unclaimed(self, strategy)  # no quantized draft stays on the device uncharged across cells
+        self.end_cell()  # nothing of the cell before survives: its drafts and scratch are freed
         extra = strategy.device_bytes(self)
         cache_bytes = budget_bytes - extra
         need = strategy.min_cache_bytes(self)
@@ -160,6 +158,16 @@ class Engine(CacheControl):
         self._host_threads = None
         self._wants_landed = type(strategy).on_copy_landed is not Strategy.on_copy_landed
         strategy.attach(self)
+
+    def end_cell(self) -> None:
+        """The cell is over: every quantized copy (draft experts, dense copy, their scratch) is freed, the cache
+        and the strategy let go, so the next cell starts from the engine's own bytes alone."""
+        from specterbench.engine.draft import release_drafts
+
+        release_drafts(self)
+        self.cache = None
+        self.strategy = None
+        self.expert_override = None
 
     def release_device_bytes(self, nbytes: int) -> None:
         """A strategy stops using ``nbytes`` of what :meth:`Strategy.device_bytes` charged (e.g. it drops its draft):
