@@ -137,22 +137,23 @@ def _scratch_elems(shape, spec: QuantSpec, kernel: str, rows: int | None = None)
     return min(r, rows or r) * c
 
 
-def _projection(engine) -> float:
-    """Priced over own share of one expert in all experts: scratch sized by one expert scales with it (1.0 at the
-    model's own geometry, where the charge is the bytes really allocated)."""
-    own, g = engine.own_geometry, engine.geometry
-    if g is own:
-        return 1.0
-    return (own.moe_layers * own.num_experts) / (g.moe_layers * g.num_experts * g.layer_scale)
+def _priced_share(engine, elems: float) -> int:
+    """``elems`` 16-bit values at the priced geometry, in the engine's byte units (their share of all expert bytes)."""
+    g = engine.geometry
+    return int(round(elems * g.dtype_bytes / g.all_expert_bytes * engine.total_expert_bytes))
 
 
 def expert_scratch_bytes(engine, spec: QuantSpec) -> int:
     """Device bytes of the scratch a :class:`QuantizedExperts` with ``spec`` keeps: one expert's largest weight
-    dequantized (or the int4 kernel's table), in the compute dtype, plus the unpacking tables."""
+    dequantized (or the int4 kernel's table) in the compute dtype, plus the unpacking tables — what it allocates at
+    the model's own geometry; at a projection, the real model's one expert weight's share."""
     gate_up, down = engine.store.weights[next(iter(engine.store.weights))]
-    elems = max(_scratch_elems(w.shape, spec, _kernel_for(w.shape, spec, engine)) for w in (gate_up, down))
-    real = elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
-    return int(round(real * _projection(engine)))
+    kernels = [_kernel_for(w.shape, spec, engine) for w in (gate_up, down)]
+    if engine.geometry is not engine.own_geometry:
+        g = engine.geometry
+        return _priced_share(engine, 0 if "dequant" not in kernels else 2 * g.expert_intermediate * g.hidden)
+    elems = max(_scratch_elems(w.shape, spec, k) for w, k in zip((gate_up, down), kernels))
+    return elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -232,12 +233,12 @@ def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
         return 0
     linears = dense_linears(engine.model)
     real = sum(spec.weight_bytes(tuple(m.weight.shape)) for m in linears)
-    scratch = _dense_scratch_real_bytes(engine, spec)
     g = engine.geometry
     if g is engine.own_geometry or not real:
-        return real + scratch
+        return real + _dense_scratch_real_bytes(engine, spec)
     packed = dense_params(g) * spec.bits_per_weight() / 8 / g.all_expert_bytes * engine.total_expert_bytes
-    return int(round(packed + scratch * packed / real))
+    largest = g.hidden * max(g.heads * g.head_dim, g.dense_intermediate, g.shared_intermediate)  # one linear
+    return int(round(packed)) + _priced_share(engine, largest)
 
 
 def dense_linears(model) -> list[nn.Linear]:
