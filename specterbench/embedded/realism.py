@@ -225,6 +225,7 @@ def sampled_continuations(model, tokenizer, decode, size: ReportSize = DEFAULT_S
     from transformers import DynamicCache
 
     from specterbench.bench.workloads import load_workload
+    from specterbench.engine.engine import cache_kwarg
     from specterbench.plugins.strategy import Request
 
     out = []
@@ -233,11 +234,11 @@ def sampled_continuations(model, tokenizer, decode, size: ReportSize = DEFAULT_S
         ids = tuple(tokenizer.encode(item["text"]))[: size.prompt_tokens]
         request = Request(str(item["id"]), ids, new_tokens, decode=decode)
         sampler, position = request.sampler(), len(ids)
-        kv = DynamicCache(config=model.config)
-        logits = model(input_ids=torch.tensor([ids]), cache=kv, use_cache=True, logits_to_keep=1).logits  # [1, 1, V]
+        kv = {cache_kwarg(model): DynamicCache(config=model.config)}  # the name this transformers takes it under
+        logits = model(input_ids=torch.tensor([ids]), **kv, use_cache=True, logits_to_keep=1).logits  # [1, 1, V]
         tokens = [sampler.pick(logits[0, -1], position)]
         while len(tokens) < new_tokens:
-            logits = model(input_ids=torch.tensor([[tokens[-1]]]), cache=kv, use_cache=True).logits
+            logits = model(input_ids=torch.tensor([[tokens[-1]]]), **kv, use_cache=True).logits
             tokens.append(sampler.pick(logits[0, -1], position + len(tokens)))
         out.append((request.id, list(ids), tokens))
     return out

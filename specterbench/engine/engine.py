@@ -63,9 +63,52 @@ class RoutingRecorder:
     trace: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
 
 
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def check_transformers() -> None:
+    """The installed transformers is one pyproject.toml allows (its lowest is the lowest tested): one line
+    otherwise."""
+    lowest = MIN_TRANSFORMERS
+    have = _transformers_version()
+    if _version_tuple(have) < _version_tuple(lowest):
+        raise UsageError(f"transformers {have} is older than the lowest supported, {lowest}: "
+                         f"pip install 'transformers>={lowest},<6'")
+
+
+MIN_TRANSFORMERS = "5.17"  # pyproject.toml's lower bound (a test keeps the two equal): the lowest tested
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts)
+
+
+def cache_kwarg(model: nn.Module) -> str:
+    """The keyword the model's forward takes its KV cache under: ``past_key_values`` (transformers up to 5.2x),
+    ``cache`` (later); a name the forward does not list would be swallowed by ``**kwargs`` and decoding would run
+    without its cache."""
+    import inspect
+
+    params = inspect.signature(type(model).forward).parameters
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    raise UsageError(f"{type(model).__name__}.forward takes no KV cache argument (neither 'cache' nor "
+                     f"'past_key_values') under transformers {_transformers_version()}; install a supported "
+                     f"transformers (see pyproject.toml)")
+
+
 class Engine(CacheControl):
     def __init__(self, model: nn.Module, *, name: str, device: str | torch.device = "cpu",
                  tokenizer=None, geometry: Geometry | None = None, store_dtype: torch.dtype = torch.bfloat16):
+        check_transformers()
         self.name = name
         self.device = torch.device(device)
         self.model = model.eval()
@@ -78,6 +121,7 @@ class Engine(CacheControl):
             block.experts = OffloadedExperts(self, layer, block.experts.act_fn)
         self.gates = [router_of(block) for block in blocks]  # routers, for strategies that predict ahead
         self.model.to(self.device)
+        self.cache_kwarg = cache_kwarg(model)  # the name this transformers' forward takes the KV cache under
         self.own_geometry = geometry_from_config(model.config, name, len(blocks))
         self.geometry = geometry or self.own_geometry
         self.num_layers = len(blocks)
@@ -214,8 +258,9 @@ class Engine(CacheControl):
         low-bit attention, shared experts and head), its weights priced at its ``bytes_ratio``.
         """
         T = input_ids.shape[1]
+        before = kv.get_seq_length()
         self.forward_tokens = T
-        self.context_len = kv.get_seq_length() + T
+        self.context_len = before + T
         self.expert_override = experts
         self.dense_ratio = 1.0 if dense is None else dense.bytes_ratio
         if experts is None:
@@ -223,13 +268,18 @@ class Engine(CacheControl):
         self._charge_dense_layers(T)
         try:
             with dense if dense is not None else contextlib.nullcontext():
-                out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
-                                 logits_to_keep=0 if all_logits else 1)
+                out = self.model(input_ids=input_ids.to(self.device), use_cache=True,
+                                 logits_to_keep=0 if all_logits else 1, **{self.cache_kwarg: kv})
             self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio))
         finally:
             self.expert_override = None
             self.dense_ratio = 1.0
             self.current_layer = self.current_hidden = self.routing = None
+        if kv.get_seq_length() != before + T:  # a cache passed under a name the forward swallows stays empty
+            raise EngineViolation(f"the KV cache holds {kv.get_seq_length()} positions after a forward of {T} "
+                                  f"tokens over {before}: the model did not use it (transformers "
+                                  f"{_transformers_version()} took it as {self.cache_kwarg!r}); report this with "
+                                  f"the transformers version")
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")
         return out.logits[0].float()
