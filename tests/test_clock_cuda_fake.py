@@ -127,3 +127,90 @@ def test_wait_landed_blocks_on_the_event(clock):
     t = clock.issue("a", 1000, 0.0)
     clock.wait_landed(t)
     assert clock.ready(t)
+
+
+@pytest.fixture
+def deep_clock(monkeypatch, clock):
+    """A clock whose copy stream holds copies by bytes: ``depth_s`` of link time at the profile's bandwidth."""
+    costs = CostModel(BUILTIN_PROFILES[0], geometry_preset("mixtral"))
+    return CudaClock("cuda:0", costs)
+
+
+def test_the_copy_stream_holds_about_ten_ms_of_link_time(deep_clock):
+    depth = deep_clock.depth_bytes()
+    assert depth == int(0.010 * BUILTIN_PROFILES[0].link_bytes_per_s)
+    size = depth // 4 + 1  # four fit... almost: three and a bit
+    copies = [deep_clock.issue(("e", i), size, 0.0) for i in range(6)]
+    started = [deep_clock.started(t) for t in copies]
+    assert started == [True, True, True, False, False, False]
+    assert deep_clock.scheduler.in_flight_bytes == 3 * size <= depth
+    big = deep_clock.issue("huge", 10 * depth, 0.0)
+    land_one(deep_clock), land_one(deep_clock), land_one(deep_clock)
+    assert deep_clock.started(copies[3]) and not deep_clock.started(big)  # issue order among equals
+    assert deep_clock.scheduler.in_flight_bytes <= depth
+
+
+def test_a_copy_larger_than_the_depth_still_starts_on_an_idle_stream(deep_clock):
+    t = deep_clock.issue("huge", 10 * deep_clock.depth_bytes(), 0.0)
+    assert deep_clock.started(t)
+
+
+def test_a_demand_fetch_overtakes_every_copy_not_yet_on_the_stream(deep_clock):
+    size = deep_clock.depth_bytes() // 2
+    on_stream = [deep_clock.issue(("p", i), size, 5.0) for i in range(2)]
+    queued = [deep_clock.issue(("q", i), size, 9.0) for i in range(3)]
+    demand = deep_clock.issue("demand", size, 0.0)
+    deep_clock.wait(demand)
+    assert deep_clock.started(demand) and not any(deep_clock.started(t) for t in queued)
+    assert all(deep_clock.started(t) for t in on_stream)
+
+
+def test_every_priced_op_feeds_the_copy_stream(deep_clock):
+    size = deep_clock.depth_bytes() // 2
+    first = [deep_clock.issue(("p", i), size, 0.0) for i in range(2)]
+    waiting = deep_clock.issue("next", size, 0.0)
+    assert not deep_clock.started(waiting)
+    land_one(deep_clock)  # the first copy lands while the device computes (a draft step, say)
+    deep_clock.compute(1e9, 1e6)  # the engine prices its next kernel: the clock pumps
+    assert waiting.state == "started" and first[0].state == "landed"
+
+
+def test_a_cancelled_copy_lets_go_of_its_slot_tensors(deep_clock):
+    import gc
+    import weakref
+
+    size = deep_clock.depth_bytes()
+    deep_clock.issue("busy", size, 0.0)
+    slot = torch.empty(16)
+    alive = weakref.ref(slot)
+    t = deep_clock.issue("queued", size, 0.0, lambda s=slot: s.zero_())
+    del slot
+    assert deep_clock.cancel(t)
+    gc.collect()
+    assert alive() is None and t.copy is None
+
+
+def test_a_copy_into_a_reused_slot_waits_for_the_compute_streams_reads(deep_clock, monkeypatch):
+    from specterbench.engine.residency import slot_copy
+
+    recorded = []
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: recorded.append(stream))
+    evicted = FakeEvent()
+    evicted.record(COMPUTE)  # the engine records it on the compute stream when it evicts
+    dst, src = (torch.empty(4),), (torch.ones(4),)
+    ran = []
+    deep_clock.issue("k", 16, 0.0, lambda: (ran.append("copy"), slot_copy(dst, src, evicted)()))
+    assert ran == ["copy"] and COMPUTE.waits[-1] is evicted  # the fake's current stream stands for the copy stream
+    assert torch.equal(dst[0], src[0]) and recorded == [COMPUTE]
+
+
+def test_host_waits_are_not_compute_stalls(deep_clock):
+    from concurrent.futures import Future
+
+    from specterbench.engine.clocks import HostJob
+
+    done = Future()
+    done.set_result((torch.zeros(1), 0.001))
+    deep_clock.wait_host([HostJob(None, 0.0, done, 0.0)])
+    assert deep_clock.totals.stall_s == 0.0 and deep_clock.totals.stalls == 0
+    assert deep_clock.totals.host_busy_s == pytest.approx(0.001)

@@ -4,6 +4,8 @@ needs the tokenizer (prompt + new tokens within the model's context), made befor
 
 from __future__ import annotations
 
+import torch
+
 from specterbench.errors import UsageError
 from specterbench.plugins.host import closest
 
@@ -70,3 +72,44 @@ def check_context(engine, prompts, new_tokens: int) -> None:
         raise UsageError(f"--tokens {new_tokens}: the longest prompt ({longest} tokens) plus {new_tokens} new "
                          f"tokens exceeds {engine.name}'s context of {limit} positions; use --tokens "
                          f"{max(limit - longest, 0)} or less")
+
+
+ACTIVATION_SLACK_BYTES = 512 * 2**20  # allocator rounding, temporaries of a forward, the CUDA context's growth
+SPECULATION_MARGIN = 33  # positions a verification may add at once (K ≤ 32, plus one)
+
+
+def kv_activation_bytes(engine, longest_prompt: int, new_tokens: int) -> int:
+    """An upper estimate of what a decode holds beside the weights: the KV cache of the longest request (plus a
+    verification's K + 1 positions), the logits of a verification pass in fp32, a prefill's hidden states, and
+    :data:`ACTIVATION_SLACK_BYTES`."""
+    g = engine.own_geometry
+    itemsize = torch.empty((), dtype=engine.compute_dtype).element_size()
+    positions = longest_prompt + new_tokens + SPECULATION_MARGIN
+    kv = 2 * g.layers * g.kv_heads * g.head_dim * positions * itemsize
+    logits = max(longest_prompt, SPECULATION_MARGIN) * g.vocab * 4 * 2  # the pass's logits and their fp32 copy
+    hidden = 8 * longest_prompt * max(g.hidden, 2 * g.expert_intermediate) * itemsize
+    return kv + logits + hidden + ACTIVATION_SLACK_BYTES
+
+
+def check_device_memory(engine, budgets, longest_prompt: int, new_tokens: int, free_bytes: int) -> None:
+    """Every cell budget (``budgets``: (text, bytes), everything a strategy keeps on the device is inside it) plus
+    :func:`kv_activation_bytes` fits in ``free_bytes`` (measured after the model's dense weights were placed):
+    one line naming the largest budget that fits otherwise."""
+    from specterbench.errors import BudgetError
+
+    extra = kv_activation_bytes(engine, longest_prompt, new_tokens)
+    total = engine.total_expert_bytes
+    too_big = [(text, n) for text, n in budgets if n + extra > free_bytes]
+    if not too_big:
+        return
+    text, n = too_big[-1]
+    fits = max(0, free_bytes - extra)
+    fix = (f"use --budgets {int(fits / total * 100)}% or less" if fits >= engine.min_budget_bytes()
+           else "free device memory or use a smaller model")
+    raise BudgetError(f"budget {text} ({_size(n)} of experts) plus {_size(extra)} of KV cache and activations does "
+                      f"not fit in the {_size(free_bytes)} free on {engine.device} after the dense weights; the "
+                      f"largest budget that fits is {fits / total:.1%} ({_size(fits)}): {fix}")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"

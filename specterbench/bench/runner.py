@@ -25,9 +25,12 @@ from specterbench.bench.reference import write_reference
 from specterbench.bench.results import ResultRow, RowWriter, read_rows
 from specterbench.plugins.strategy import Calibration, Request, Strategy
 from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
+from specterbench.engine.costs import CostModel
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.bench.budget import Budget, parse_budget  # noqa: F401 - parse_budget is imported from here
-from specterbench.bench.checks import check_context, check_device, check_strategy_options, check_workload_size
+from specterbench.bench.checks import (check_context, check_device, check_device_memory, check_strategy_options,
+                                       check_workload_size)
+from specterbench.engine.cuda_clock import HostPool
 from specterbench.bench.failures import describe_failure, where
 from specterbench.bench.cell_metrics import _p90, _samples, check_tokens, fill_metrics  # noqa: F401 - _p90
 from specterbench.bench.cell_metrics import peak_rss_bytes
@@ -131,8 +134,10 @@ class ReferenceStrategy(Strategy):
 
 
 class StreamingReference(ReferenceStrategy):
-    """The reference on a device that must not hold every expert: the smallest cache, experts fetched on demand
-    (the engine is lossless, so the tokens and routing are the resident run's)."""
+    """The reference on a device that must not hold every expert: a cache of ``budget_bytes`` (no more than the
+    run's cells hold), least recently used out; while a layer runs, the next layer's router applied one layer early
+    says which experts to copy next, so streamed copies overlap compute (the engine is lossless, so the tokens and
+    routing are the resident run's whatever is prefetched)."""
 
     def min_cache_bytes(self, engine):
         return engine.min_budget_bytes()
@@ -140,22 +145,40 @@ class StreamingReference(ReferenceStrategy):
     def prepare(self, engine, calibration=None):
         pass
 
+    def before_layer(self, layer, experts, tokens_per_expert):
+        engine = self.engine
+        now = {(layer, e) for e in experts}
+        for key in now:  # this layer's misses first, then the next layer's guess into what room is left
+            if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=now, needed=key):
+                engine.prefetch(key, priority=1.0)
+        if layer + 1 < engine.num_layers:
+            for e in engine.router_guess(layer + 1).experts():
+                key = (layer + 1, e)
+                if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=now, needed=key):
+                    engine.prefetch(key, priority=0.0)
 
-def reference_strategy(engine: Engine) -> tuple[Strategy, int]:
-    """The reference pass's strategy and budget: everything resident on the host; streaming at the smallest
-    workable budget on a GPU, so the device never holds more expert bytes than a cell's budget."""
+
+def reference_strategy(engine: Engine, budget_bytes: int | None = None) -> tuple[Strategy, int]:
+    """The reference pass's strategy and budget: everything resident on the host; on a GPU, streamed through a
+    cache of ``budget_bytes`` (the run's largest cell budget, which the device-memory check found room for; at least
+    two layers' top-k so that the next layer's copies overlap this one's compute)."""
     if engine.device.type == "cuda":
-        return StreamingReference(), engine.min_budget_bytes()
+        floor = 2 * engine.min_budget_bytes()
+        nbytes = max(floor, min(budget_bytes or floor, engine.total_expert_bytes))
+        return StreamingReference(), nbytes
     return ReferenceStrategy(), engine.total_expert_bytes
 
 
-def make_clock(config: BenchConfig, host: PluginHost, engine: Engine):
+def make_clock(config: BenchConfig, host: PluginHost, engine: Engine, host_pool=None):
+    """The cell's clock. A measured one prices with the run's ``--profile`` and host profile too, so that its
+    strategies decide as they would on the modeled clock; ``host_pool``: the run's one pool for host experts."""
+    profile, host_profile = host.profiles().get(config.profile), host.host_profiles().get(config.host_profile)
     if config.clock == "modeled":
-        return ModeledClock(host.profiles().get(config.profile), engine.geometry,
-                            host.host_profiles().get(config.host_profile))
-    if engine.device.type == "cuda":
-        return CudaClock(engine.device)
-    return HostWallClock()
+        return ModeledClock(profile, engine.geometry, host_profile)
+    costs = CostModel(profile, engine.geometry, host_profile)
+    if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
+        return CudaClock(engine.device, costs, host_pool=host_pool)
+    return HostWallClock(costs)
 
 
 def encode_prompts(engine: Engine, texts: list[tuple[str, str]], limit: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -189,6 +212,7 @@ class Runner:
             self.done = {r.cell for r in read_rows(self.run_dir / "rows.jsonl", on_error="skip")
                          if r.status != "error"}
         self.rows: list[ResultRow] = []
+        self._host_pool: HostPool | None = None  # one pool for host experts per run (CUDA)
 
     @property
     def writer(self) -> RowWriter:
@@ -213,8 +237,18 @@ class Runner:
                     yield key, sname, cls, budget, repeat
 
     def run(self) -> list[ResultRow]:
+        self.config.validate(self.host)
+        if self.config.device.startswith("cuda"):  # pragma: no cover - needs CUDA
+            self._host_pool = HostPool()
+        try:
+            return self._run()
+        finally:
+            if self._host_pool is not None:  # pragma: no cover - needs CUDA
+                self._host_pool.close()
+                self._host_pool = None
+
+    def _run(self) -> list[ResultRow]:
         cfg = self.config
-        cfg.validate(self.host)
         torch.manual_seed(cfg.seed)
         torch.set_num_threads(cfg.threads)
         texts = load_prompts(cfg.workload, cfg.prompts)
@@ -227,6 +261,7 @@ class Runner:
                 continue
             prompts = encode_prompts(engine, texts, cfg.max_prompt_tokens)
             check_context(engine, prompts, cfg.tokens)
+            self.check_device_memory(engine, prompts)  # before minutes of reference and calibration passes
             reference = self.record_reference(engine, prompts)
             write_reference(self.run_dir, model=model_name, workload=cfg.workload, decode=cfg.decode,
                             prompts=prompts, reference=reference, tokenizer=engine.tokenizer, top_k=engine.top_k)
@@ -250,6 +285,31 @@ class Runner:
             engine.geometry = project(engine.own_geometry, geometry)
         return engine
 
+    def cell_budgets(self, engine: Engine) -> list[tuple[str, int]]:
+        """Every budget a cell of this run holds on the device, as (text, bytes): the run's budgets and the fixed
+        ones of strategies like ``resident``."""
+        total = engine.total_expert_bytes
+        out = {b.text: b.resolve(total) for b in self.config.budgets}
+        for name in self.config.strategies:
+            cls = self.host.strategies().get(name)
+            if cls.fixed_budget_fraction is not None:
+                b = Budget("100%", fraction=cls.fixed_budget_fraction)
+                out[b.text] = b.resolve(total)
+        return sorted(out.items(), key=lambda kv: kv[1])
+
+    def reference_budget_bytes(self, engine: Engine) -> int:
+        """The reference and calibration passes' cache on a GPU: the largest budget among the run's cells."""
+        return max(n for _, n in self.cell_budgets(engine))
+
+    def check_device_memory(self, engine: Engine, prompts) -> None:
+        """Before the long passes: the largest cell's budget, plus KV cache and activations, fits in the device
+        memory left after the model's dense weights (one line naming the largest budget that fits otherwise)."""
+        if engine.device.type != "cuda":
+            return
+        free, _ = torch.cuda.mem_get_info(engine.device)  # pragma: no cover - needs CUDA
+        longest = max((len(ids) for _, ids in prompts), default=0)  # pragma: no cover
+        check_device_memory(engine, self.cell_budgets(engine), longest, self.config.tokens, free)  # pragma: no cover
+
     def check_budgets(self, engine: Engine) -> None:
         total, need = engine.total_expert_bytes, engine.min_budget_bytes()
         for b in self.config.budgets:
@@ -270,8 +330,9 @@ class Runner:
 
     # ---- reference and calibration -----------------------------------------------------------------
     def _resident_pass(self, engine: Engine, prompts, tokens: int):
-        strategy, nbytes = reference_strategy(engine)
-        engine.configure(strategy, nbytes, HostWallClock())
+        strategy, nbytes = reference_strategy(engine, self.reference_budget_bytes(engine))
+        engine.configure(strategy, nbytes, make_clock(dataclasses.replace(self.config, clock="measured"), self.host,
+                                                      engine, self._host_pool))
         strategy.prepare(engine)
         out, traces = {}, {}
         for pid, ids in prompts:
@@ -322,7 +383,7 @@ class Runner:
             if options:
                 row.extra["strategy_options"] = dict(options)
             strategy = cls(**options)
-            engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine))
+            engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine, self._host_pool))
             row.strategy_device_bytes = strategy.device_bytes(engine)
             strategy.prepare(engine, calibration if cls.uses_calibration else None)
 

@@ -1,17 +1,26 @@
 """The measured CUDA clock: the copy scheduler feeds a dedicated copy stream; CUDA events time copies and stalls.
 
 A copy waits in the :class:`~specterbench.engine.scheduler.CopyScheduler` (host side: priorities, demand first,
-cancellable) until fewer than ``max_in_flight`` copies are on the copy stream; then its real copy (pinned host
-memory → device, non-blocking) is enqueued between two timing events. The scheduler is pumped at every clock call:
-landed copies are retired (their event timing gives the measured link bandwidth), the next copies are enqueued.
-Host experts run in one worker thread beside the device kernels, with the thread count the strategy allows.
+cancellable) until the copy stream holds less than :data:`DEPTH_S` of link time (bytes at the profile's bandwidth);
+then its real copy (pinned host memory → device, non-blocking) is enqueued between two timing events. The scheduler
+is pumped at every clock call — every priced op too, so during a draft's forward, while the host waits for host
+experts and while it waits for the device at a sync (polled, not a blocking synchronize): landed copies are retired
+(their event timing gives the measured link bandwidth), the next copies are enqueued. A demand fetch overtakes
+every copy not yet on the stream.
+
+Prices (for strategies' estimates and the stream depth) come from the run's ``--profile`` and host profile, so a
+measured and a modeled run take the same decisions. Stalls are the compute stream's waits for copies only (timed
+by events); the host's waits for host experts are counted apart (``totals.host_wait_s``).
+
+Host experts run on one :class:`HostPool` per run (one worker thread that leaves the launching thread a core), their
+inputs and results through pinned buffers, the results copied back without blocking the host.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Sequence
 
 from specterbench.engine.clocks import ClockTotals, HostJob, _Backlog
@@ -19,32 +28,70 @@ from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler, Transfer
 
 
-class CudaClock(_Backlog):  # pragma: no cover - needs CUDA
+DEPTH_S = 0.010  # link time kept enqueued on the copy stream: enough that it never idles between pumps
+MAX_IN_FLIGHT = 64  # and at most this many copies (small experts)
+SYNC_POLL_S = 20e-6  # while the host waits for the device, the scheduler is pumped this often
+
+
+def host_threads() -> int:
+    """Threads host experts may use: every core but one, which the launching thread keeps."""
+    return max(1, (os.cpu_count() or 1) - 1)
+
+
+class HostPool:
+    """One worker thread for host experts, made once per run and shared by every cell's clock; :meth:`close` at
+    the end of the run (the runner does)."""
+
+    def __init__(self):
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specterbench-host-experts")
+
+    def submit(self, fn):
+        return self.executor.submit(fn)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+
+
+class CudaClock(_Backlog):  # pragma: no cover - needs CUDA (tests/test_clock_cuda_fake.py fakes torch.cuda)
     kind = "measured"
 
-    def __init__(self, device, costs: CostModel | None = None, max_in_flight: int = 2):
+    def __init__(self, device, costs: CostModel | None = None, max_in_flight: int | None = None,
+                 host_pool: HostPool | None = None, depth_s: float = DEPTH_S):
         import torch
 
         self.torch = torch
         self.device = device
         self.costs = costs
         self.stream = torch.cuda.Stream(device=device)
-        self.scheduler = CopyScheduler(max_in_flight)
+        self.depth_s = depth_s
+        self.scheduler = CopyScheduler(max_in_flight or MAX_IN_FLIGHT)
         self.totals = ClockTotals()
         self._seq = 0
         self._waits: list[tuple] = []  # (before, after) events around compute-stream waits: the stalls
         self._landed: list[Transfer] = []
-        self._worker: ThreadPoolExecutor | None = None
+        self._pool = host_pool
+        self._own_pool = False
         self._host_pending_s = 0.0
+        self.host_wait_s = 0.0  # the host waiting for host experts (not a compute-stream stall)
+
+    def depth_bytes(self) -> int:
+        """The copy stream's depth in bytes: :attr:`depth_s` of link time at the profile's bandwidth."""
+        return max(1, int(self.depth_s * self.costs.profile.link_bytes_per_s))
 
     @property
     def host_threads_available(self) -> int:
-        return os.cpu_count() or 1
+        return host_threads()
+
+    def pump(self) -> None:
+        """Retire landed copies and enqueue the next: callable by anyone who has a moment (cheap when idle)."""
+        self._pump()
 
     # ---- link --------------------------------------------------------------------------------------
     def _pump(self) -> None:
         """Retire copies whose events completed; enqueue the next ones while the stream has room."""
         s, torch = self.scheduler, self.torch
+        if s.max_in_flight_bytes is None:  # sized once prices are known (the engine may give them after __init__)
+            s.max_in_flight_bytes = self.depth_bytes()
         while s.in_flight and s.in_flight[0].event.query():
             t = s.in_flight[0]
             s.landed(t)
@@ -154,11 +201,13 @@ class CudaClock(_Backlog):  # pragma: no cover - needs CUDA
 
     # ---- compute -----------------------------------------------------------------------------------
     def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
+        self._pump()  # every op the engine launches is a moment to feed the copy stream
         return self.costs.op_seconds(flops, nbytes, launches)  # the kernel itself takes the real time
 
     def run_on_host(self, fn, op: HostOp, threads: int, *args) -> HostJob:
-        """Inputs go to pinned host buffers on the compute stream (an event marks them ready); the worker thread
-        waits for that event, then computes with ``threads`` torch threads while the device carries on."""
+        """Inputs go to pinned host buffers on the compute stream (an event marks them ready); the run's worker
+        thread waits for that event, computes with ``threads`` torch threads while the device carries on, and leaves
+        the result in a pinned buffer (copied back without blocking the host, see :func:`join_host`)."""
         torch = self.torch
         host_args = []
         for a in args:
@@ -167,31 +216,42 @@ class CudaClock(_Backlog):  # pragma: no cover - needs CUDA
             host_args.append(buf)
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(self.device))
-        if self._worker is None:
-            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specterbench-host-experts")
+        if self._pool is None:  # a clock made outside a run gets its own pool, closed with it
+            self._pool, self._own_pool = HostPool(), True
 
         def work():
             ready.synchronize()
             torch.set_num_threads(threads)
             start = time.perf_counter()
             y = fn(*host_args)
-            return y, time.perf_counter() - start
+            out = torch.empty(y.shape, dtype=y.dtype, pin_memory=True)  # the copy back can run non-blocking
+            out.copy_(y)
+            return out, time.perf_counter() - start
 
         estimate = self.costs.host_seconds(op, threads) if self.costs.host else 0.0
         self._host_pending_s += estimate
-        return HostJob(None, time.perf_counter() + estimate, self._worker.submit(work), estimate)
+        return HostJob(None, time.perf_counter() + estimate, self._pool.submit(work), estimate)
 
     def wait_host(self, jobs: Sequence[HostJob]) -> float:
+        """The host waits for the jobs' results, feeding the copy stream meanwhile; the seconds waited (counted
+        as ``host_wait_s``: the compute stream itself stalls only if it runs dry, which its events would show)."""
         start = time.perf_counter()
         for job in jobs:
+            while not job.future.done():
+                self._pump()
+                wait([job.future], timeout=SYNC_POLL_S * 10)
             job.result, busy = job.future.result()
             self.totals.host_busy_s += busy
             self._host_pending_s -= job.estimate_s
-        stall = time.perf_counter() - start
-        if stall > 0 and jobs:
-            self.totals.stall_s += stall
-            self.totals.stalls += 1
-        return stall
+        waited = time.perf_counter() - start
+        self.host_wait_s += waited
+        return waited
+
+    def close(self) -> None:
+        """Let go of a pool this clock made itself (a run's pool is the runner's to close)."""
+        if self._own_pool and self._pool is not None:
+            self._pool.close()
+        self._pool, self._own_pool = None, False
 
     def host_backlog_s(self) -> float:
         return max(0.0, self._host_pending_s)  # the cost model's estimate of the jobs not yet joined
@@ -208,6 +268,12 @@ class CudaClock(_Backlog):  # pragma: no cover - needs CUDA
         self.sync()
 
     def sync(self) -> None:
+        """Wait for the device, pumping copies meanwhile (a blocking synchronize would leave the link idle)."""
+        done = self.torch.cuda.Event()
+        done.record(self.torch.cuda.current_stream(self.device))
+        while not done.query():
+            self._pump()
+            time.sleep(SYNC_POLL_S)
         self.torch.cuda.synchronize(self.device)
         for before, after in self._waits:
             self.totals.stall_s += before.elapsed_time(after) / 1e3

@@ -148,6 +148,7 @@ class Engine(CacheControl):
         self._budget_bytes = self._device_bytes_left = 0
         self._pending: set = set()
         self._mark = (0.0, 0.0, 0.0)
+        self._reuse_after = None  # CUDA: the compute stream's event at the last eviction (see residency.slot_copy)
 
     # ---- sizes -------------------------------------------------------------------------------------
     @property

@@ -111,12 +111,13 @@ def run_on_device(engine: "Engine", layer: int, groups: TokenGroups, elsewhere, 
 
 
 def join_host(engine: "Engine", jobs, hidden, outputs) -> None:
-    """End of phase 3: the compute stream waits for the host's results; they come back to the device."""
+    """End of phase 3: the host's results (pinned buffers on a measured CUDA clock) come back to the device without
+    blocking the host."""
     if not jobs:
         return
     engine.clock.wait_host([job for _, _, job in jobs])
     for key, token_idx, job in jobs:
-        outputs[key[1]] = (token_idx, job.result.to(hidden.device))
+        outputs[key[1]] = (token_idx, job.result.to(hidden.device, non_blocking=True))
 
 
 def combine(hidden, groups: TokenGroups, outputs) -> torch.Tensor:
@@ -148,10 +149,7 @@ def acquire(engine: "Engine", key: ExpertKey) -> Slot:
             raise BudgetError(f"the expert cache ({cache.capacity_bytes} bytes) cannot hold one expert "
                               f"({engine.expert_bytes} bytes)")
     engine.clock.wait(slot.transfer)
-    if not slot.used:
-        if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
-            for w in slot.weights:  # copied on the copy stream, read on this one: keep the allocator honest
-                w.record_stream(torch.cuda.current_stream(engine.device))
+    if not slot.used:  # (reuse of its memory after eviction: residency.slot_copy orders it)
         slot.used = True
         if slot.prefetched:
             engine.stats.prefetch_used += 1

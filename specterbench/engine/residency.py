@@ -15,6 +15,25 @@ from specterbench.engine.cache import Candidates, ExpertKey, PrefetchResult, Slo
 from specterbench.errors import EngineViolation
 
 
+def slot_copy(dst, src, reuse_after=None):
+    """The copy of one expert into its slot, run by the clock when the copy starts (on the measured CUDA clock:
+    inside the copy stream's context). ``reuse_after``: the compute stream's event at the last eviction — the copy
+    stream waits for it, so that no queued read of an evicted slot sees this copy's bytes; the slot's tensors are
+    then marked as used by the copy stream, so that freeing them never hands their memory out while it is written."""
+
+    def copy():
+        if reuse_after is not None:  # pragma: no cover - needs CUDA (tests/test_clock_cuda_fake.py fakes it)
+            stream = torch.cuda.current_stream(dst[0].device)
+            stream.wait_event(reuse_after)
+        for d, w in zip(dst, src):
+            d.copy_(w, non_blocking=True)
+        if reuse_after is not None:  # pragma: no cover - needs CUDA
+            for d in dst:
+                d.record_stream(stream)
+
+    return copy
+
+
 class CacheControl:
     """Mixed into the engine: needs ``cache``, ``clock``, ``store``, ``strategy``, ``stats``, ``device``,
     ``compute_dtype``, ``expert_bytes`` and ``priced_expert_bytes``."""
@@ -39,6 +58,7 @@ class CacheControl:
         self.stats.prefetch_cancelled += 1
         self._unledger(slot)
         self.cache.remove(key)
+        slot.weights = slot.transfer.copy = None  # the slot's memory goes now (the scheduler dropped its copy)
         return True
 
     def evict(self, key: ExpertKey) -> None:
@@ -51,9 +71,20 @@ class CacheControl:
                 raise EngineViolation(f"expert {key} is still being copied and cannot be evicted until it lands")
             self.stats.prefetch_cancelled += 1
             self._unledger(slot)
+            slot.weights = slot.transfer.copy = None
         elif slot.prefetched and not slot.used:
             self.stats.prefetch_wasted += 1
         self.cache.remove(key)
+        self._mark_reusable()
+
+    def _mark_reusable(self) -> None:
+        """An entry left the cache: on CUDA, an event on the compute stream after every read queued so far of its
+        slot. A later copy waits for it on the copy stream before writing, whatever memory its new slot reuses
+        (slots are allocated on the compute stream, where the allocator deems freed memory reusable at once)."""
+        if self.device.type == "cuda":  # pragma: no cover - needs CUDA
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self._reuse_after = event
 
     def candidates(self, protect: Collection[ExpertKey] = ()) -> Candidates:
         """Cached experts that may be evicted now (not in use, not on the link, not in ``protect``), least
@@ -124,10 +155,7 @@ class CacheControl:
             return None
         src = self.store.weights[key]
         dst = tuple(torch.empty(w.shape, dtype=self.compute_dtype, device=self.device) for w in src)
-
-        def copy():  # run by the clock when the copy starts (measured) or at once (modeled)
-            for d, w in zip(dst, src):
-                d.copy_(w, non_blocking=True)
+        copy = slot_copy(dst, src, self._reuse_after)
 
         transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
         self.cache.insert(Slot(key, self.expert_bytes, dst, transfer, prefetched))

@@ -3,9 +3,11 @@
 Copies are submitted in time order (``issue_s`` never decreases). A copy becomes *eligible* once its issue time has
 come; among eligible copies the highest ``priority`` goes first, ties in issue order. A copy whose compute is
 waiting (a demand fetch) is promoted to :data:`DEMAND_PRIORITY` and outranks every prefetch. A copy that has not
-started can be cancelled. At most ``max_in_flight`` copies are started and not yet landed: the modeled clock prices
-one copy at a time on the link (``max_in_flight=1``, non-preemptive), the CUDA clock keeps that many copies
-enqueued on its copy stream (a copy on the stream can no longer be reordered or cancelled).
+started can be cancelled (its ``copy`` is dropped at once, so the slot memory it would fill is released). At most
+``max_in_flight`` copies — and, with ``max_in_flight_bytes``, at most that many bytes (one copy always may start) —
+are started and not yet landed: the modeled clock prices one copy at a time on the link (``max_in_flight=1``,
+non-preemptive); the CUDA clock keeps about 10 ms of link time enqueued on its copy stream (a copy on the stream can
+no longer be reordered or cancelled, so a demand fetch overtakes everything not yet on it).
 
 Every operation is O(log n) in the number of queued copies: arrivals wait in a FIFO, eligible copies in a heap;
 cancellation and promotion are lazy (a stale heap entry is skipped when it reaches the top). Queued bytes and
@@ -42,10 +44,14 @@ class Transfer:
 
 
 class CopyScheduler:
-    def __init__(self, max_in_flight: int = 1):
+    def __init__(self, max_in_flight: int = 1, max_in_flight_bytes: int | None = None):
         if max_in_flight < 1:
             raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        if max_in_flight_bytes is not None and max_in_flight_bytes < 1:
+            raise ValueError(f"max_in_flight_bytes must be positive, got {max_in_flight_bytes}")
         self.max_in_flight = max_in_flight
+        self.max_in_flight_bytes = max_in_flight_bytes
+        self.in_flight_bytes = 0
         self._arrivals: deque[Transfer] = deque()  # submitted, issue time not yet reached by the link
         self._eligible: list[tuple[float, int, int, Transfer]] = []  # (-priority, seq, version, copy)
         self.in_flight: deque[Transfer] = deque()  # started, not yet landed, in start order
@@ -96,6 +102,7 @@ class CopyScheduler:
             return False
         self._unqueue(t)
         t.state = "cancelled"  # its heap or FIFO entry is skipped later
+        t.copy = None  # the slot tensors it would have filled are not kept alive by a stale entry
         return True
 
     def _unqueue(self, t: Transfer) -> None:
@@ -132,11 +139,15 @@ class CopyScheduler:
         t = self._top()
         if t is None:
             return None
+        if (self.max_in_flight_bytes is not None and self.in_flight
+                and self.in_flight_bytes + t.nbytes > self.max_in_flight_bytes):
+            return None
         heapq.heappop(self._eligible)
         self.steps += 1
         self._unqueue(t)
         t.state = "started"
         self.in_flight.append(t)
+        self.in_flight_bytes += t.nbytes
         return t
 
     def landed(self, t: Transfer) -> None:
@@ -144,6 +155,7 @@ class CopyScheduler:
         if not self.in_flight or self.in_flight[0] is not t:
             raise ValueError(f"copy of {t.key} is not the oldest in flight")
         self.in_flight.popleft()
+        self.in_flight_bytes -= t.nbytes
         t.state = "landed"
         self.steps += 1
 
