@@ -254,14 +254,50 @@ def test_a_counter_that_went_backwards_leaves_the_columns_empty_with_a_note(fake
     assert r.nvml_h2d_bytes is None and "went backwards" in r.nvml_note
 
 
-def test_with_counters_no_sampler_thread_runs_beside_the_engine(fake_gpu):
+def test_with_counters_a_poller_reads_them_through_the_cell(fake_gpu):
     fake = fake_gpu()
     nvml.specterbench_cell_start(cell="k4", engine=SimpleNamespace(device=torch.device("cuda", 0)))
-    assert nvml._cells["k4"].sampler is None
-    assert not any(t.name == "specterbench-nvml" for t in threading.enumerate())
-    r = row(cell="k4")
+    assert nvml._cells["k4"].sampler is None and nvml._cells["k4"].poller is not None
+    assert any(t.name == "specterbench-nvml-counters" for t in threading.enumerate())
+    time.sleep(0.1)
+    r = row(cell="k4", h2d_bytes=4096)
+    fake.rx_total += 4096
     nvml.specterbench_cell_end(cell="k4", row=r)
-    assert r.extra["nvml_memory_used_bytes"] == 123
+    assert r.extra["nvml_memory_used_bytes"] == 123 and r.extra["nvml_counter_reads"] >= 3
+    assert r.extra["nvml_over_ledger"] == 1.0
+    assert not any(t.name == "specterbench-nvml-counters" for t in threading.enumerate())
+
+
+def test_a_32_bit_counter_is_unwrapped_across_many_wraps():
+    class Wrapping:
+        def __init__(self):
+            self.true_rx = 0
+
+        def read(self):
+            return self.true_rx % 2**32, 0
+
+    counters = Wrapping()
+    poller = nvml.CounterPoller(counters, widths=(32, 64))
+    poller.read_once()
+    for _ in range(40):  # 40 reads 3 GiB apart: 120 GiB moved, the raw counter wrapped 30 times
+        counters.true_rx += 3 * 2**30
+        poller.read_once()
+    assert poller.rx.total == 120 * 2**30 and not poller.rx.reset
+
+
+def test_a_64_bit_counter_that_steps_back_is_a_reset_not_a_wrap():
+    u = nvml.Unwrapped(64)
+    u.add(10**12)
+    u.add(5)
+    assert u.reset and u.total == 0
+
+
+def test_the_counter_width_is_the_value_type_nvml_returns():
+    fake = FakeNvml()
+    assert nvml.PcieCounters(fake, "h").widths() == (64, 64)
+    fake.nvmlDeviceGetFieldValues = lambda handle, fields: [
+        SimpleNamespace(fieldId=f, valueType=1, nvmlReturn=0, value=SimpleNamespace(uiVal=0)) for f in fields]
+    assert nvml.PcieCounters(fake, "h").widths() == (32, 32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device with NVML")

@@ -2,13 +2,16 @@
 
 A built-in plugin. For each benchmark cell on a CUDA engine it reads the device's **cumulative PCIe byte
 counters** (``nvmlDeviceGetFieldValues`` with ``NVML_FI_DEV_PCIE_COUNT_RX_BYTES`` / ``_TX_BYTES``: bytes the GPU
-received / sent since the driver loaded) at the cell's start and end; the difference is exact, whatever the
-length of the copies, and no thread runs beside the engine. Only where the driver or GPU lacks those fields does
-a :class:`Sampler` thread fall back to the throughput counters (``nvmlDeviceGetPcieThroughput``: KB/s over
-NVML's ~20 ms window), read every ``interval_s`` and integrated over time (trapezoid rule) — short copies alias
-with that window, so the fallback is noisy; it also samples the peak of memory used.
+received / sent since the driver loaded; NVML documents that they wrap). A :class:`CounterPoller` thread reads them
+every :data:`COUNTER_INTERVAL_S` and unwraps each step at the width of the value type NVML returns (a 32-bit
+counter wraps after 4 GiB: 86 ms at 50 GB/s), so cells that move many GiB are counted exactly. Only where the driver
+or GPU lacks those fields does a :class:`Sampler` thread fall back to the throughput counters
+(``nvmlDeviceGetPcieThroughput``: KB/s over NVML's ~20 ms window), read every ``interval_s`` and integrated over
+time (trapezoid rule) — short copies alias with that window, so the fallback is noisy; it also samples the peak of
+memory used.
 
-The row gets ``nvml_h2d_bytes`` (RX: host → device), ``nvml_d2h_bytes`` (TX), ``extra["nvml_source"]``
+The row gets ``nvml_h2d_bytes`` (RX: host → device), ``nvml_d2h_bytes`` (TX), ``extra["nvml_over_ledger"]``
+(NVML's H2D bytes over the engine's ledger), ``extra["nvml_source"]``
 (``pcie-counters`` or ``sampled-throughput``) and the memory used (at the end, or the sampled peak); without NVML
 or a GPU
 the row gets ``nvml_note`` saying why, and the byte columns stay empty (never zero).
@@ -207,8 +210,76 @@ class PcieCounters:
         values = self.pynvml.nvmlDeviceGetFieldValues(self.handle, list(self.fields))
         return tuple(_field_value(self.pynvml, v) for v in values)
 
+    def widths(self) -> tuple[int, int]:
+        """Bits of each counter: the width of the value type NVML returns it in (where it wraps)."""
+        values = self.pynvml.nvmlDeviceGetFieldValues(self.handle, list(self.fields))
+        return tuple(_VALUE_BITS.get(int(v.valueType), 64) for v in values)
+
 
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+_VALUE_BITS = {1: 32, 2: 64, 3: 64, 4: 64, 5: 32, 6: 16}  # nvmlValueType_t: unsigned int, unsigned long, ...
+COUNTER_INTERVAL_S = 0.02  # a 32-bit counter at 64 GB/s wraps every 67 ms: read three times as often
+
+
+class Unwrapped:
+    """One cumulative counter of ``width`` bits, unwrapped: :meth:`add` each reading; ``total`` since the first.
+    A step backwards is a wrap below 64 bits; at 64 bits it is a reset (a driver reload), flagged in ``reset``."""
+
+    def __init__(self, width: int):
+        self.width, self.last, self.total, self.reset = width, None, 0, False
+
+    def add(self, raw: int) -> None:
+        if self.last is not None:
+            delta = raw - self.last
+            if delta < 0:
+                if self.width >= 64:
+                    self.reset, delta = True, 0
+                else:
+                    delta += 1 << self.width
+            self.total += delta
+        self.last = raw
+
+
+class CounterPoller:
+    """Reads :class:`PcieCounters` every ``interval_s`` in a background thread and unwraps them (first reading in
+    :meth:`start`, last in :meth:`stop`); ``rx``/``tx``: the :class:`Unwrapped` totals."""
+
+    def __init__(self, counters, interval_s: float = COUNTER_INTERVAL_S, widths: tuple[int, int] | None = None):
+        self.counters, self.interval_s = counters, interval_s
+        rx_bits, tx_bits = widths or counters.widths()
+        self.rx, self.tx = Unwrapped(rx_bits), Unwrapped(tx_bits)
+        self.reads = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def read_once(self) -> None:
+        with self._lock:
+            rx, tx = self.counters.read()
+            self.rx.add(rx)
+            self.tx.add(tx)
+            self.reads += 1
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self.interval_s):
+                self.read_once()
+        except Exception as err:  # noqa: BLE001 - reported by stop(); the cell itself goes on
+            self.error = err
+
+    def start(self) -> "CounterPoller":
+        self.read_once()
+        self._thread = threading.Thread(target=self._run, name="specterbench-nvml-counters", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.error is None:
+            self.read_once()
 
 
 def _field_value(pynvml, v) -> int:
@@ -298,7 +369,7 @@ class CellCounters:
 
     source: CounterSource
     counters: PcieCounters | None = None
-    start: tuple[int, int] | None = None
+    poller: CounterPoller | None = None
     sampler: Sampler | None = None
 
 
@@ -318,8 +389,8 @@ def specterbench_cell_start(cell, engine):
         _cells[cell] = str(err)
         return
     state = CellCounters(source, open_counters(source))
-    if state.counters is not None:  # exact, and no thread competing with the engine for the GIL
-        state.start = state.counters.read()
+    if state.counters is not None:  # exact: read often enough to unwrap them
+        state.poller = CounterPoller(state.counters).start()
     else:
         state.sampler = Sampler(source).start()
     _cells[cell] = state
@@ -346,18 +417,26 @@ def specterbench_cell_end(cell, row):
 
 def fill_from_counters(row, state: CellCounters) -> None:
     time.sleep(COUNTER_SETTLE_S)
+    poller = state.poller
     try:
-        end = state.counters.read()
+        poller.stop()
         memory = state.source.read()[2]
     except (NvmlUnavailable, state.counters.pynvml.NVMLError) as err:
         row.nvml_note = f"NVML PCIe counters failed at the end of the cell: {err}"
         return
-    if end[0] < state.start[0] or end[1] < state.start[1]:
+    if poller.error is not None:
+        row.nvml_note = f"NVML PCIe counters failed during the cell: {type(poller.error).__name__}: {poller.error}"
+        return
+    if poller.rx.reset or poller.tx.reset:
         row.nvml_note = "NVML PCIe counters went backwards during the cell (driver reset?); no NVML bytes"
         return
-    row.nvml_h2d_bytes, row.nvml_d2h_bytes = end[0] - state.start[0], end[1] - state.start[1]
+    row.nvml_h2d_bytes, row.nvml_d2h_bytes = poller.rx.total, poller.tx.total
     row.extra["nvml_source"] = "pcie-counters"
+    row.extra["nvml_counter_bits"] = [poller.rx.width, poller.tx.width]
+    row.extra["nvml_counter_reads"] = poller.reads
     row.extra["nvml_memory_used_bytes"] = memory  # at the cell's end (the peak is peak_device_bytes)
+    if row.h2d_bytes:
+        row.extra["nvml_over_ledger"] = row.nvml_h2d_bytes / row.h2d_bytes
 
 
 def fill_row(row, total: Integrated, error) -> None:
@@ -374,6 +453,8 @@ def fill_row(row, total: Integrated, error) -> None:
     row.nvml_h2d_bytes = int(round(total.rx_bytes))
     row.nvml_d2h_bytes = int(round(total.tx_bytes))
     row.extra["nvml_source"] = "sampled-throughput"
+    if row.h2d_bytes:
+        row.extra["nvml_over_ledger"] = row.nvml_h2d_bytes / row.h2d_bytes
 
 
 # ---- report --------------------------------------------------------------------------------------
