@@ -432,3 +432,21 @@ def test_no_progress_bars_when_stderr_is_not_a_terminal(tmp_path):
                                             ("int3/g128+dx", "cannot read 'int3/g128+dx'")])
 def test_eval_drafts_with_a_bad_dense_copy_are_refused_before_anything_runs(cli, tmp_path, drafts, needle):
     assert needle in refused(cli, "eval", "--model", MODEL, "--drafts", drafts, "--out", tmp_path)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_eval_on_a_cuda_device_this_machine_lacks_is_one_line(cli, tmp_path):
+    line = refused(cli, "eval", "--model", MODEL, "--device", "cuda", "--out", tmp_path, before_load=False)
+    assert "no CUDA device" in line and "--device cpu" in line
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+def test_the_lm_eval_wrapper_on_a_cuda_device_this_machine_lacks_is_one_line(capsys):
+    from specterbench.quality.lmeval import main
+
+    code = main(["--model", "specterbench", "--model_args", f"model={MODEL}", "--tasks", "shakespeare_scramble",
+                 "--device", "cuda", "--limit", "1"])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # lm-eval logs its own lines first
+    assert code == 2 and last.startswith("specterbench-lm-eval: error:") and "no CUDA device" in last
+    assert "Traceback" not in err

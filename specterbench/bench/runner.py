@@ -297,9 +297,10 @@ class Runner:
                 out[b.text] = b.resolve(total)
         return sorted(out.items(), key=lambda kv: kv[1])
 
-    def reference_budget_bytes(self, engine: Engine) -> int:
-        """The reference and calibration passes' cache on a GPU: the largest budget among the run's cells."""
-        return max(n for _, n in self.cell_budgets(engine))
+    def reference_budget_bytes(self, engine: Engine) -> int | None:
+        """The reference and calibration passes' cache on a GPU: the largest budget among the run's cells (None
+        without cells: the smallest that streams)."""
+        return max((n for _, n in self.cell_budgets(engine)), default=None)
 
     def check_device_memory(self, engine: Engine, prompts) -> None:
         """Before the long passes: the largest cell's budget, plus KV cache and activations, fits in the device

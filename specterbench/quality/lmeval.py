@@ -63,9 +63,12 @@ _LM_EVAL_INJECTED = ("trust_remote_code",)  # model_args lm-eval adds on its own
 
 
 def load_engine(model: str, device: str = "cpu", host=None) -> Engine:
-    """Load a registered model into an :class:`Engine` (experts moved to the host store)."""
+    """Load a registered model into an :class:`Engine` (experts moved to the host store); a device this machine
+    lacks is one line before anything loads."""
+    from specterbench.bench.calibrate import check_device
     from specterbench.plugins.host import get_host
 
+    check_device(device)
     host = host or get_host()
     spec = host.models().get(model)
     net, tokenizer = spec.load()
