@@ -1,59 +1,99 @@
 #!/usr/bin/env bash
-# One prepared GPU check, nothing from the network, at most ~8 minutes on one GPU:
-#   1. the CUDA tests (device memory within the budget, prefetching stalls less than on-demand, NVML / ledger in
-#      0.9-1.3, pinned store, packed 4-bit draft, host experts) and the host-memory test on a 1 GB checkpoint;
-#   2. `calibrate` on the GPU -> $OUT/profile.toml;
-#   3. `validate` with that profile on an embedded model in bf16 for lru, specter, oracle and cpu-experts.
-# Every step writes $OUT/<step>.txt; a failing step stops the script with its exit status.
-# Python: $PY, else the venv of `make install` when its torch sees a GPU, else `python3` (a GPU image's own torch);
-# when specterbench is not importable there it is installed offline (--no-deps --no-index) into a scratch folder.
-# Without bitsandbytes (not in every GPU image) Specter's draft uses the project's own int4 quantizer, said so.
+# The one prepared check for a lent GPU: nothing from the network, at most 9 minutes, a failing step fails it, at most
+# 8 files under $OUT. Steps (each writes one file; the first failing one stops the script with its exit status):
+#   env.txt        GPU, driver, torch, transformers (the image's; a carried lowest-supported one if it is older)
+#   tests.txt      the CUDA tests (device memory within the budget, lossless measured cells, pinned store, host
+#                  experts, NVML / ledger) and the KV-cache tests under this transformers
+#   probe.md       figures: KV growth, pinned H2D at 17 MB and 352 MB, copy/compute overlap, the slot race with and
+#                  without the eviction event, NVML counter width over 13.75 GiB, packed drafts on CUDA
+#   profile.toml   `calibrate` at Mixtral's real expert shape (back-to-back calls; launch cost measured apart)
+#   calibrate.txt  its output
+#   validate.md    `validate` with that profile on random-init checkpoints at real expert sizes (2 layers of
+#                  Mixtral, 4 of Qwen1.5-MoE) for lru, cpu-experts, specter and oracle: measured and modeled TPOT,
+#                  error per strategy, lossless or not
+#   summary.txt    the step times and the verdict
+# What the image lacks comes from the git-ignored folder $WHEELS (default .wheels/, filled on a machine with a network
+# by scripts/min_transformers.sh and `pip download --no-deps -d .wheels <package>`), installed --no-deps --no-index.
+# bitsandbytes' CUDA wheel is too large to carry (the device tool moves 64 MiB): the bnb tests skip, Specter's
+# default draft (int3/g128) does not need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu-check}
-mkdir -p "$OUT"
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SPECTERBENCH_SLOW_TESTS=1
-export PYTHONUNBUFFERED=1
+WORK=${WORK:-/tmp/specterbench-gpu-check}  # checkpoints and run folders: never under $OUT
+WHEELS=${WHEELS:-.wheels}
+mkdir -p "$OUT" "$WORK"
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
 if [ -z "${PY:-}" ]; then
   if [ -x .venv/bin/python ] && .venv/bin/python -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' \
       2>/dev/null; then PY=.venv/bin/python; else PY=python3; fi
 fi
-if ! "$PY" -c 'import specterbench, specterbench_specter' 2>/dev/null; then
-  SITE=${SPECTERBENCH_SITE:-/tmp/specterbench-site}
-  echo "== installing specterbench offline into $SITE (no dependencies)"
-  "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" . ./plugins/specter \
-    >"$OUT/install.txt" 2>&1 || { tail -n 20 "$OUT/install.txt"; exit 1; }
-  export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1  # the installed copy, not ./specterbench
-fi
-SPECTER_SET=()
-if ! "$PY" -c 'import bitsandbytes' 2>/dev/null; then
-  echo "== note: no bitsandbytes here: Specter's draft uses the int4 g128 quantizer; packed-kernel test skipped"
-  SPECTER_SET=(--set specter.quantizer=int --set specter.blocksize=128)
-fi
+SITE=${SPECTERBENCH_SITE:-$WORK/site}
 
-step() {  # step NAME SECONDS COMMAND...: run with a time limit, keep the output, stop the script on failure
-  local name=$1 limit=$2
-  shift 2
+note() { echo "$*" | tee -a "$SUMMARY"; }
+
+step() {  # step NAME FILE SECONDS COMMAND...: run with a time limit into $OUT/FILE; stop the script on failure
+  local name=$1 file=$2 limit=$3
+  shift 3
   local start=$SECONDS
-  echo "== $name (limit ${limit}s)"
-  if timeout "$limit" "$@" >"$OUT/$name.txt" 2>&1; then
-    echo "   ok in $((SECONDS - start)) s"
+  echo "== $name (limit ${limit}s) -> $OUT/$file"
+  if timeout "$limit" bash -c '"$@"' _ "$@" >"$OUT/$file" 2>&1; then
+    note "$name: ok in $((SECONDS - start)) s"
   else
     local rc=$?
-    echo "   FAILED with exit status $rc after $((SECONDS - start)) s; last lines of $OUT/$name.txt:"
-    tail -n 40 "$OUT/$name.txt"
+    note "$name: FAILED with exit status $rc after $((SECONDS - start)) s"
+    tail -n 40 "$OUT/$file"
     exit "$rc"
   fi
 }
 
-step environment 30 bash -c "nvidia-smi; $PY -c 'import torch; print(torch.__version__, torch.version.cuda, \
-  torch.cuda.get_device_name(0)); assert torch.cuda.is_available()'"
-step cuda-tests 240 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_nvml.py \
-  tests/test_memory.py tests/test_gpu_numerics.py
-step calibrate 60 "$PY" -m specterbench.bench.calibrate --device cuda --shape 256,160 \
-  --out "$OUT/profile.toml"  # tiny-mixtral's hidden and expert sizes: the decode shapes validate runs
-step validate 120 "$PY" -m specterbench.bench.validate --profile "$OUT/profile.toml" --model tiny-mixtral \
-  --strategies lru,specter,oracle,cpu-experts --budgets 50% --prompts 4 --tokens 32 --device cuda \
-  --dtype bfloat16 --out "$OUT/validate" --quiet ${SPECTER_SET[@]+"${SPECTER_SET[@]}"}
-cat "$OUT/calibrate.txt" "$OUT/validate/validate.md"
-echo "gpu check passed; everything is under $OUT"
+setup() {  # specterbench and what the image lacks, offline, into $SITE
+  set -euo pipefail
+  local need=()
+  "$PY" -c 'import specterbench, specterbench_specter' 2>/dev/null || need+=(. ./plugins/specter)
+  for mod in pluggy tabulate pynvml safetensors pandas; do
+    "$PY" -c "import $mod" 2>/dev/null || echo "missing in the image: $mod (looked for in $WHEELS)"
+  done
+  if [ ${#need[@]} -gt 0 ]; then
+    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" "${need[@]}"
+  fi
+  if ls "$WHEELS"/*.whl >/dev/null 2>&1; then  # carried wheels fill in what the image lacks (never replace)
+    for whl in "$WHEELS"/*.whl; do
+      local mod
+      mod=$(basename "$whl" | cut -d- -f1 | tr 'A-Z' 'a-z')
+      [ "$mod" = nvidia_ml_py ] && mod=pynvml
+      "$PY" -c "import $mod" 2>/dev/null || "$PY" -m pip install -q --no-deps --no-index --target "$SITE" "$whl"
+    done
+  fi
+  # the image's transformers when it is supported, else the carried lowest-supported one
+  if ! PYTHONPATH="$SITE:$PWD" "$PY" -c 'from specterbench.engine.engine import check_transformers as c; c()'; then
+    "$PY" -m pip install -q --no-deps --no-index --find-links "$WHEELS" --target "$SITE/tf" \
+      "transformers==$(sed -n 's/.*"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)" "huggingface_hub>=1.5,<2"
+    export PYTHONPATH="$SITE/tf:$PYTHONPATH"
+  fi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
+    --format=csv
+  "$PY" -c 'import torch, transformers; assert torch.cuda.is_available(), "no CUDA device"; print("torch", \
+torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0)); print("transformers", \
+transformers.__version__, transformers.__file__)'
+}
+export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+validate_both() {
+  set -euo pipefail
+  "$PY" scripts/gpu_validate.py mixtral "$OUT/profile.toml" "$WORK" 2>"$WORK/validate-mixtral.log"
+  "$PY" scripts/gpu_validate.py qwen-moe "$OUT/profile.toml" "$WORK" 2>"$WORK/validate-qwen.log"
+}
+export PY SITE WHEELS OUT WORK
+export -f setup validate_both
+
+step environment env.txt 120 setup
+if [ -d "$SITE/tf" ]; then export PYTHONPATH="$SITE/tf:$PYTHONPATH"; fi  # the carried transformers, if set up
+step cuda-tests tests.txt 130 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_nvml.py \
+  tests/test_kv_cache.py tests/test_clock_cuda_fake.py tests/test_gpu_numerics.py
+step probe probe.md 75 "$PY" scripts/gpu_probe.py
+step calibrate calibrate.txt 60 "$PY" -m specterbench.bench.calibrate --device cuda --shape 4096,14336 \
+  --out "$OUT/profile.toml"
+step validate validate.md 150 validate_both
+cat "$OUT/probe.md" "$OUT/validate.md"
+note "gpu check passed; the files are under $OUT"

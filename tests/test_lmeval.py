@@ -77,7 +77,7 @@ def test_generate_until_goes_through_the_speculative_strategy_and_matches_the_re
     calls = []
     original = Specter.generate
     monkeypatch.setattr(Specter, "generate", lambda self, e, r: calls.append(r) or original(self, e, r))
-    spec = SpecterbenchLM(engine=engine, strategy="specter", budget="50%", k=3, progress=False)
+    spec = SpecterbenchLM(engine=engine, strategy="specter", budget="60%", k=3, progress=False)
     assert spec.generate_until(contexts) == ref
     assert len(calls) == 2 and spec.strategy.windows > 0  # draft-and-verify windows ran
 

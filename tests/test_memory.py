@@ -78,6 +78,42 @@ def test_loading_a_1gb_mixtral_checkpoint_peaks_near_its_own_bytes(tmp_path):
     assert m["store_peak"] - m["load_peak"] < 0.01 * m["model_bytes"]  # the store copied nothing
 
 
+RUN_STRATEGIES = "specmoeoff,specter,lru,cpu-experts"  # speculative cells first, then cells that must not inherit
+
+
+@pytest.mark.skipif(not os.environ.get(SLOW_ENV), reason=f"slow (a 1 GB checkpoint through four strategies, minutes "
+                    f"on 2 cores); set {SLOW_ENV}=1 (scripts/gpu_check.sh does)")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS is read from getrusage (Linux: KiB)")
+def test_a_run_over_a_1gb_checkpoint_keeps_nothing_of_a_cell_after_it_ends(tmp_path):
+    """Drafts, scratch and host threads go with their cell: a run of speculative and plain strategies peaks at
+    about the checkpoint, plus the largest cell's device bytes (host memory here), plus 1 GB."""
+    import json
+    import resource
+    import subprocess
+
+    path = write_random_checkpoint(tmp_path / "mixtral-1g", mixtral_config(1024, 2048, 10))
+    ckpt = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    assert ckpt >= 10**9
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    cmd = [sys.executable, "-c", "import sys; from specterbench.cli import main; sys.exit(main())", "run",
+           "--model-path", str(path), "--strategies", RUN_STRATEGIES, "--budgets", "35%", "--prompts", "1",
+           "--tokens", "4", "--out", str(tmp_path / "runs"), "--run-id", "r", "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    assert before * 1024 < peak  # this child's peak, not an earlier one's
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "r" / "rows.jsonl").read_text().splitlines()]
+    assert [r["strategy"] for r in rows] == RUN_STRATEGIES.split(",") and all(r["status"] == "ok" for r in rows)
+    for r in rows:
+        if r["strategy_device_bytes"]:
+            assert r["strategy_device_bytes_allocated"] <= 1.02 * r["strategy_device_bytes"]
+    largest_cell = max(r["budget_bytes"] for r in rows)
+    bound = 1.15 * ckpt + largest_cell + 2**30
+    print(f"peak RSS {peak / 2**30:.2f} GiB for a {ckpt / 2**30:.2f} GiB checkpoint (bound {bound / 2**30:.2f} GiB)")
+    assert peak <= bound, f"peak RSS {peak / 2**30:.2f} GiB over {bound / 2**30:.2f} GiB"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS is read from /proc (Linux)")
 def test_loading_a_small_checkpoint_also_stays_under_the_ratio(tmp_path):
     path = write_random_checkpoint(tmp_path / "mixtral-s", mixtral_config(256, 512, 4), shard_bytes=4 * 2**20)
