@@ -159,14 +159,18 @@ class StreamingReference(ReferenceStrategy):
 
 
 def reference_strategy(engine: Engine, budget_bytes: int | None = None) -> tuple[Strategy, int]:
-    """The reference pass's strategy and budget: everything resident on the host; on a GPU, streamed through a
-    cache of ``budget_bytes`` (the run's largest cell budget, which the device-memory check found room for; at least
-    two layers' top-k so that the next layer's copies overlap this one's compute)."""
-    if engine.device.type == "cuda":
-        floor = 2 * engine.min_budget_bytes()
-        nbytes = max(floor, min(budget_bytes or floor, engine.total_expert_bytes))
-        return StreamingReference(), nbytes
-    return ReferenceStrategy(), engine.total_expert_bytes
+    """The reference pass's strategy and budget: streamed through a cache of ``budget_bytes`` (the run's largest
+    cell budget, which the device-memory check found room for; at least two layers' top-k so that the next layer's
+    copies overlap this one's compute), so that no pass holds more than a cell — on a CPU too, where the device is
+    host memory. Everything resident when that budget is all expert bytes, or on a CPU without one."""
+    total = engine.total_expert_bytes
+    if budget_bytes is None and engine.device.type != "cuda":
+        return ReferenceStrategy(), total
+    floor = 2 * engine.min_budget_bytes()
+    nbytes = max(floor, min(budget_bytes or floor, total))
+    if nbytes >= total:
+        return ReferenceStrategy(), total
+    return StreamingReference(), nbytes
 
 
 def make_clock(config: BenchConfig, host: PluginHost, engine: Engine, host_pool=None):

@@ -65,8 +65,11 @@ def test_tokens_are_the_targets_when_the_draft_disagrees_everywhere(cls, decode)
     strategy = cls(k=3)
     configure(engine, strategy, 0.8)
     torch.manual_seed(3)
-    for key in strategy.draft.dense:  # a draft that knows nothing: loud random experts
-        strategy.draft.dense[key] = tuple(torch.randn_like(w) * 5 for w in strategy.draft.dense[key])
+    from specterbench.engine.packing import PackedWeight
+
+    for key, pair in strategy.draft.packed.items():  # a draft that knows nothing: loud random experts
+        strategy.draft.packed[key] = tuple(PackedWeight(torch.randn(p.shape) * 5, p.spec, engine.compute_dtype)
+                                           for p in pair)
     request = Request("p", tuple(engine.tokenizer.encode(PROMPT)), 10, decode=decode)
     engine.begin_request(request)
     out = strategy.generate(engine, request)
@@ -105,9 +108,14 @@ def test_int4_g128_draft_is_charged_at_its_packed_size():
     engine = engine_for()
     strategy = SpecterArtifact(k=2)
     configure(engine, strategy, 0.6)
-    groups = sum(-(-w.numel() // 128) for pair in engine.store.weights.values() for w in pair)
-    n = sum(w.numel() for pair in engine.store.weights.values() for w in pair)
-    assert strategy.draft.nbytes == n // 2 + groups * 20 // 8  # nibbles + fp16 scale and 4-bit zero per 128
+    from specterbench.engine.draft import expert_scratch_bytes
+
+    weights = [w for pair in engine.store.weights.values() for w in pair]
+    groups = sum(w.shape[0] * (w.shape[1] // 128 if w.shape[1] % 128 == 0 else 1) for w in weights)  # per row
+    n = sum(w.numel() for w in weights)
+    packed = n // 2 + groups * 20 // 8  # nibbles + fp16 scale and 4-bit zero per group of 128 (or per short row)
+    assert strategy.draft.nbytes == packed + expert_scratch_bytes(engine, strategy.spec)  # + the scratch it computes in
+    assert strategy.draft.allocated_bytes() <= 1.02 * strategy.draft.nbytes
     assert strategy.draft.nbytes == quantized_bytes(engine, strategy.spec)
     assert engine.cache.capacity_bytes == int(0.6 * engine.total_expert_bytes) - strategy.draft.nbytes
 
