@@ -242,9 +242,10 @@ def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
 
 
 def dense_linears(model) -> list[nn.Linear]:
-    """The linear layers a dense copy replaces: all but the tiny per-layer shared-expert gates."""
+    """The linear layers a dense copy replaces: plain ``nn.Linear``s but the tiny per-layer shared-expert gates
+    (a router that subclasses ``nn.Linear`` with its own forward, like PhiMoE's, stays the target's)."""
     return [m for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and not name.endswith("shared_expert_gate")]
+            if type(m) is nn.Linear and not name.endswith("shared_expert_gate")]
 
 
 def dense_scratch_rows(model) -> int:
