@@ -200,3 +200,31 @@ def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
     assert packed < charged < 1.2 * packed  # the real model's share, plus its scratch scaled alike
     assert 0.003 < share < 0.03  # Mixtral: attention and head are ~3% of the 16-bit expert bytes
     assert dense_quantized_bytes(engine, None) == 0
+
+
+def test_the_modeled_clock_prices_the_kernel_that_runs():
+    from specterbench.engine import packing
+    from specterbench.engine.clocks import ModeledClock
+    from specterbench.engine.geometry import project
+    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+    from specterbench.plugins.strategy import Strategy
+
+    if not packing.int4_kernel_works("cpu", torch.float32):
+        pytest.skip("this torch has no CPU int4 weight-only matmul")
+    model, tok = tiny_random("qwen2_moe")
+    engine = Engine(model, name="qwen", tokenizer=tok)
+    engine.geometry = project(engine.own_geometry, "qwen-moe")
+    engine.configure(Strategy(), engine.total_expert_bytes,
+                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+    kernel = QuantizedExperts(engine, QuantSpec(bits=4, blocksize=32, quantizer="int"))
+    dequant = QuantizedExperts(engine, QuantSpec(bits=3, blocksize=32, quantizer="int"))
+    assert kernel.kernel == "int4mm" and dequant.kernel == "dequant"
+    assert kernel.bytes_ratio == kernel.stored_ratio  # the kernel reads the packed bytes only
+    assert dequant.bytes_ratio == pytest.approx(dequant.stored_ratio + 2)  # + a 16-bit scratch written and read
+    clock = engine.clock
+    t0 = clock.now()
+    kernel.charge_fused([1, 1, 1, 1])
+    t1 = clock.now()
+    dequant.charge_fused([1, 1, 1, 1])
+    t2 = clock.now()
+    assert t2 - t1 > 2 * (t1 - t0)

@@ -388,7 +388,9 @@ class QuantizedExperts:
         self.dequantized = sum(p.kernel == "dequant" for p in first) / 2  # share of weights dequantized per call
         packed_bytes = sum(spec.weight_bytes(w.shape) for pair in engine.store.weights.values() for w in pair)
         self.stored_ratio = packed_bytes / engine.total_expert_bytes  # ≈ 0.28 nf4/b64, ≈ 0.26 int4/g128
-        self.bytes_ratio = self.stored_ratio  # what the fused kernel reads (the dequantization is charged apart)
+        # what computing an expert reads and writes over a 16-bit expert's bytes, the price strategies estimate
+        # with: the packed bytes, plus a 16-bit write and read of the scratch where a weight is dequantized
+        self.bytes_ratio = self.stored_ratio + 2 * self.dequantized
         self.routing: list[tuple[int, list[int], list[int]]] = []  # (layer, experts, tokens per expert)
 
     def allocated_bytes(self) -> int:
@@ -425,7 +427,7 @@ class QuantizedExperts:
         with the dequantization's launches."""
         engine = self.engine
         costs = engine.clock.costs
-        engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio + 2 * self.dequantized))
+        engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio))
         if self.dequantized:
             g = costs.geometry
             launches = round(self.DEQUANT_LAUNCHES * 2 * self.dequantized * len(n_tokens) * g.layer_scale)
