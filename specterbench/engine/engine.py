@@ -206,10 +206,14 @@ class Engine(CacheControl):
 
     def end_cell(self) -> None:
         """The cell is over: every quantized copy (draft experts, dense copy, their scratch) is freed, the cache
-        and the strategy let go, so the next cell starts from the engine's own bytes alone."""
+        and the strategy let go, a host-expert thread the cell's clock started is joined, so the next cell starts
+        from the engine's own bytes alone."""
+        from specterbench.engine.cuda_clock import CudaClock
         from specterbench.engine.draft import release_drafts
 
         release_drafts(self)
+        if isinstance(self.clock, CudaClock):  # pragma: no cover - needs CUDA
+            self.clock.close()  # a host-expert pool the clock made itself (a run's own pool is the runner's)
         self.cache = None
         self.strategy = None
         self.expert_override = None
