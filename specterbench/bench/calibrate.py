@@ -8,9 +8,10 @@ What is measured (medians over repetitions, after a warm-up; CUDA timings with e
   sizes (relative error, so small and large copies
   count alike) gives ``link_latency_us`` and ``link_bytes_per_s``; the curve itself is kept under ``[measured]``;
 - **launch overhead**: back-to-back tiny kernels (a [1, 64] x [64, 64] linear), per launch → ``launch_us``;
-- **compute at decode shapes**: ``x @ W.T`` with ``W`` [I, H] in the run's dtype — one token (gemv, memory
-  bound) gives ``mem_bytes_per_s`` (weight bytes / time); 64 tokens (a verification or prefill block) give
-  ``flops_per_s``; the achieved FLOP/s at one token is kept as well;
+- **compute at decode shapes**: ``x @ W.T`` with ``W`` [I, H] in the run's dtype (``--shape``: use the real model's
+  expert shape, e.g. 4096,14336 for Mixtral), calls back to back with one launch's cost taken off each (the profile
+  prices launches apart) — one token (gemv, memory bound) gives ``mem_bytes_per_s`` (weight bytes / time); 64
+  tokens (a verification or prefill block) give ``flops_per_s``; the achieved FLOP/s at one token is kept as well;
 - **host experts**: the same gemv and matmul on the host CPU with its threads → the host profile's DRAM
   bandwidth, FLOP/s and per-expert dispatch cost (``launch_us``).
 
@@ -118,14 +119,21 @@ def measure_launch(device: torch.device, reps: int = 5, inner: int = 200) -> flo
     return _Timer(device).seconds(lambda: torch.nn.functional.linear(x, w), reps, inner)
 
 
-def measure_compute(device: torch.device, dtype: torch.dtype, hidden: int, inter: int, reps: int = 5) -> dict:
-    """One token and 64 tokens through ``W`` [inter, hidden]: bandwidth, FLOP/s at each shape."""
+COMPUTE_INNER = 8  # back-to-back calls per timed sample: the device stays busy, dispatch gaps do not count
+
+
+def measure_compute(device: torch.device, dtype: torch.dtype, hidden: int, inter: int, reps: int = 5,
+                    launch_s: float = 0.0) -> dict:
+    """One token and 64 tokens through ``W`` [inter, hidden], :data:`COMPUTE_INNER` calls back to back per sample
+    with ``launch_s`` (one launch's cost, priced apart by the profile) taken off each: bandwidth, FLOP/s at each
+    shape."""
     w = torch.randn(inter, hidden, device=device).to(dtype)
     timer = _Timer(device)
     out = {}
     for tokens in (1, 64):
         x = torch.randn(tokens, hidden, device=device).to(dtype)
-        s = timer.seconds(lambda: torch.nn.functional.linear(x, w), reps)
+        whole = timer.seconds(lambda: torch.nn.functional.linear(x, w), reps, inner=COMPUTE_INNER)
+        s = max(whole - launch_s, 0.25 * whole)
         out[tokens] = {"seconds": s, "flops_per_s": 2 * tokens * hidden * inter / s,
                        "bytes_per_s": (w.numel() + x.numel() + tokens * inter) * w.element_size() / s}
     return {"shape": [inter, hidden], "dtype": str(dtype).replace("torch.", ""),
@@ -166,10 +174,10 @@ def calibrate(device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.
     try:
         link = measure_link(device, QUICK_COPY_SIZES if quick else COPY_SIZES, reps)
         launch_s = measure_launch(device, reps)
-        compute = measure_compute(device, dtype, hidden, inter, reps)
+        compute = measure_compute(device, dtype, hidden, inter, reps, launch_s)
         cpu = torch.device("cpu")
-        host = compute if device.type == "cpu" else measure_compute(cpu, dtype, hidden, inter, reps)
         host_launch_s = launch_s if device.type == "cpu" else measure_launch(cpu, reps)
+        host = compute if device.type == "cpu" else measure_compute(cpu, dtype, hidden, inter, reps, host_launch_s)
     finally:
         torch.set_num_threads(previous)
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
