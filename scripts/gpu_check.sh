@@ -87,12 +87,12 @@ validate_both() {
 export PY SITE WHEELS OUT WORK
 export -f setup validate_both
 
-step environment env.txt 120 setup
+step environment env.txt 90 setup
 if [ -d "$SITE/tf" ]; then export PYTHONPATH="$SITE/tf:$PYTHONPATH"; fi  # the carried transformers, if set up
-step cuda-tests tests.txt 130 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_nvml.py \
+step cuda-tests tests.txt 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_nvml.py \
   tests/test_kv_cache.py tests/test_clock_cuda_fake.py tests/test_gpu_numerics.py
-step probe probe.md 75 "$PY" scripts/gpu_probe.py
-step calibrate calibrate.txt 60 "$PY" -m specterbench.bench.calibrate --device cuda --shape 4096,14336 \
+step probe probe.md 60 "$PY" scripts/gpu_probe.py
+step calibrate calibrate.txt 45 "$PY" -m specterbench.bench.calibrate --device cuda --shape 4096,14336 \
   --out "$OUT/profile.toml"
 step validate validate.md 150 validate_both
 cat "$OUT/probe.md" "$OUT/validate.md"

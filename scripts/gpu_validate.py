@@ -56,7 +56,7 @@ def main(argv=None) -> int:
                        strategies=tuple(args.strategies.split(",")),
                        budgets=tuple(parse_budget(b) for b in args.budgets.split(",")), prompts=args.prompts,
                        tokens=args.tokens, device="cuda", out=work / f"validate-{args.geometry}", threads=None,
-                       dtype=torch.bfloat16, strategy_options={},
+                       dtype=torch.bfloat16, strategy_options={"specter": {"k": 4}},  # no K profiling: time
                        progress=lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
     print(f"### validate at {args.geometry} expert sizes ({ckpt.name})\n")
     print(text)
