@@ -8,7 +8,10 @@ each expert copy ``link_latency_us + bytes / link_bytes_per_s`` on the copy stre
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from specterbench.errors import UsageError
 
@@ -26,10 +29,7 @@ class HardwareProfile:
     sources: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("float", "int") and not value > 0 and f.name not in ("link_latency_us", "launch_us"):
-                raise UsageError(f"profile {self.name!r}: field {f.name} must be > 0, got {value!r}")
+        _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us"))
 
     @classmethod
     def from_dict(cls, data: dict) -> "HardwareProfile":
@@ -37,6 +37,29 @@ class HardwareProfile:
 
     def label(self) -> str:
         return f"modeled:{self.name}"
+
+
+def _check_fields(profile, kind: str, may_be_zero: tuple[str, ...] = ()) -> None:
+    """Every number of a profile finite and positive (``may_be_zero``: at least 0), every text non-empty, at least
+    one source: a one-line UsageError naming the field otherwise (inf, nan, a string, a bool included)."""
+    for f in dataclasses.fields(profile):
+        value = getattr(profile, f.name)
+        if f.type in ("float", "int"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be finite, got {value!r}")
+            if value < 0 or (value == 0 and f.name not in may_be_zero):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be > 0, got {value!r}")
+            if f.type == "int" and value != int(value):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be a whole number, got {value!r}")
+        elif f.type == "str" and not (isinstance(value, str) and value.strip()):
+            raise UsageError(f"{kind} {getattr(profile, 'name', '?')!r}: field {f.name} must be a non-empty text, "
+                             f"got {value!r}")
+    sources = profile.sources
+    if not sources or not all(isinstance(s, str) and s.strip() for s in sources):
+        raise UsageError(f"{kind} {profile.name!r}: sources must list at least one non-empty text (where each "
+                         f"figure comes from)")
 
 
 def _from_dict(cls, data: dict, kind: str):
@@ -49,7 +72,10 @@ def _from_dict(cls, data: dict, kind: str):
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise UsageError(f"{kind} {data.get('name', '?')!r} has unknown field(s) {', '.join(unknown)}")
-    return cls(**{**data, "sources": tuple(data["sources"])})
+    sources = data["sources"]
+    if isinstance(sources, str) or not isinstance(sources, (list, tuple)):
+        raise UsageError(f"{kind} {data.get('name', '?')!r}: sources must be a list of texts, got {sources!r}")
+    return cls(**{**data, "sources": tuple(sources)})
 
 
 GB = 1e9
@@ -119,6 +145,9 @@ class HostProfile:
     launch_us: float  # per-expert dispatch cost on the host (thread-pool wake-up, small-GEMM setup)
     sources: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        _check_fields(self, "host profile", may_be_zero=("launch_us",))
+
     @classmethod
     def from_dict(cls, data: dict) -> "HostProfile":
         return _from_dict(cls, data, "host profile")
@@ -152,3 +181,36 @@ BUILTIN_HOST_PROFILES: tuple[HostProfile, ...] = (
 )
 
 DEFAULT_HOST_PROFILE = "desktop-ddr5"
+
+
+# ---- built-in profiles shipped as files ---------------------------------------------------------------------------
+#: The published setups' profiles (MoE-SpeQ, mixtral-offloading, Fiddler, the CPU-expert component's host), as TOML
+#: files in the format ``specterbench calibrate`` writes: copy one, edit it, and pass it as ``--profile PATH``.
+PROFILE_FILES_DIR = Path(__file__).resolve().parent / "profile_files"
+
+
+@functools.lru_cache(maxsize=1)
+def packaged_profiles() -> tuple[tuple[HardwareProfile, ...], tuple[HostProfile, ...]]:
+    """The hardware and host profiles of every file in :data:`PROFILE_FILES_DIR` (validated like any profile file:
+    a missing, non-finite or non-positive field is a one-line error naming the file)."""
+    from specterbench.bench.calibrate import load_profile_file
+
+    hardware, hosts = [], []
+    for path in sorted(PROFILE_FILES_DIR.glob("*.toml")):
+        profile, host = load_profile_file(path, require_profile=False)
+        if profile is not None:
+            hardware.append(profile)
+        if host is not None:
+            hosts.append(host)
+    return tuple(hardware), tuple(hosts)
+
+
+def profile_file_of(name: str) -> Path | None:
+    """The packaged file that defines the (hardware or host) profile ``name``, for a user to copy; None if none."""
+    import tomllib
+
+    for path in sorted(PROFILE_FILES_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        if name in (data.get("profile", {}).get("name"), data.get("host_profile", {}).get("name")):
+            return path
+    return None
