@@ -48,6 +48,7 @@ class ResultRow:
     new_tokens: int
     seed: int
     repeat: int
+    precision: str = "bf16"  # the target's stored weights: bf16, or e.g. "experts int4/g128" (--expert-bits)
     decode: dict = field(default_factory=lambda: {"mode": "greedy"})  # DecodeSetting.to_dict(): how tokens were chosen
     status: str = "ok"  # ok | diverged | error
     error: str | None = None

@@ -16,8 +16,8 @@ call                                   meaning
 ``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized)
 ``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
                                        (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
-``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert);
-                                       ``bytes_ratio=`` < 1 prices a draft's low-bit copy of its weights
+``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert) at the
+                                       target's precision; ``bytes_ratio=`` prices a draft's low-bit copy
 ``head_s(rows=1)``                     the output head over ``rows`` positions (``bytes_ratio=`` as above)
 ``router_s(n_tokens)``                 applying one router (gate) to ``n_tokens`` hidden states
 ``host_expert_s(n_tokens)``            one expert on the host CPU, activations down and back included, host idle
@@ -169,11 +169,13 @@ class CostEstimates:
     def experts_fused_s(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> float:
         return self.model.op_seconds(*self.model.experts_fused(tokens_per_expert, bytes_ratio))
 
-    def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float = 1.0) -> float:
-        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, bytes_ratio))
+    def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float | None = None) -> float:
+        ratio = self._engine.precision.dense_ratio if bytes_ratio is None else bytes_ratio  # None: the target's
+        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, ratio))
 
-    def head_s(self, rows: int = 1, bytes_ratio: float = 1.0) -> float:
-        return self.model.op_seconds(*self.model.head(rows, bytes_ratio))
+    def head_s(self, rows: int = 1, bytes_ratio: float | None = None) -> float:
+        ratio = self._engine.precision.dense_ratio if bytes_ratio is None else bytes_ratio
+        return self.model.op_seconds(*self.model.head(rows, ratio))
 
     def router_s(self, n_tokens: int) -> float:
         return self.model.op_seconds(*self.model.router(n_tokens))

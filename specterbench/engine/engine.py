@@ -22,6 +22,7 @@ from specterbench.engine.cache import DeviceCache
 from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.geometry import Geometry, geometry_from_config
+from specterbench.engine.precision import BF16
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
@@ -91,6 +92,7 @@ class Engine(CacheControl):
         self.recorder: RoutingRecorder | None = None
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
         self.host_placed_s = 0.0  # host seconds of this layer's misses placed on the host, not yet started
+        self.precision = BF16  # the target's stored precision (``--expert-bits``/``--dense-bits``): set_precision()
         self.dense_ratio = 1.0  # weight bytes of the dense layers and head over 16-bit in this pass (a draft's copy)
         self.samples: list[StepSample] = []
         self.warming_up = False  # True between begin_warmup() and end_warmup()
@@ -136,6 +138,18 @@ class Engine(CacheControl):
     def min_budget_bytes(self) -> int:
         """What one decode forward needs: the top-k experts of one layer."""
         return self.top_k * self.expert_bytes
+
+    def set_precision(self, precision) -> None:
+        """The target's weights were quantized with ``precision`` (:func:`~specterbench.engine.precision.
+        quantize_model`, before this engine was built): bill every expert at its stored (packed) bytes — cache,
+        budgets and link ledger — and price the geometry at those bits."""
+        from specterbench.engine.precision import priced_geometry
+
+        self.precision = precision
+        self.dense_ratio = precision.dense_ratio
+        gu, dn = self.store.weights[(0, 0)]
+        self.store.bill_stored_bytes(precision.expert_bytes(gu.numel(), dn.numel()))
+        self.geometry = priced_geometry(self.geometry, precision)
 
     # ---- cell setup ----------------------------------------------------------------------------------
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
@@ -209,7 +223,7 @@ class Engine(CacheControl):
         self.forward_tokens = T
         self.context_len = kv.get_seq_length() + T
         self.expert_override = experts
-        self.dense_ratio = 1.0 if dense is None else dense.bytes_ratio
+        self.dense_ratio = self.precision.dense_ratio if dense is None else dense.bytes_ratio
         if experts is None:
             self.strategy.on_step_start(T)
         self._charge_dense_layers(T)
@@ -220,7 +234,7 @@ class Engine(CacheControl):
             self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio))
         finally:
             self.expert_override = None
-            self.dense_ratio = 1.0
+            self.dense_ratio = self.precision.dense_ratio
             self.current_layer = self.current_hidden = self.routing = None
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")

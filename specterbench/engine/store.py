@@ -134,6 +134,11 @@ class ExpertStore:
         itemsize = torch.empty((), dtype=device_dtype or dtype).element_size()
         self.device_expert_bytes = (gu.numel() + dn.numel()) * itemsize
 
+    def bill_stored_bytes(self, nbytes: int) -> None:
+        """A quantized target: one expert is stored (and copied, and held in a cache slot) as ``nbytes`` of packed
+        codes and group metadata (:mod:`specterbench.engine.precision`), whatever dtype its values are kept in."""
+        self.expert_bytes = self.device_expert_bytes = int(nbytes)
+
     @property
     def total_bytes(self) -> int:
         return self.expert_bytes * len(self.weights)
