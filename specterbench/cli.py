@@ -382,12 +382,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specterbench.analysis.gate import add_parser as add_gate_parser
     from specterbench.bench.calibrate import add_calibrate_parser
+    from specterbench.bench.published import add_published_parser
     from specterbench.bench.validate import add_validate_parser
     from specterbench.embedded.realism import add_realism_parser
 
     add_gate_parser(sub)
     add_calibrate_parser(sub)
     add_validate_parser(sub)
+    add_published_parser(sub)
     add_realism_parser(sub)
     for command in sub.choices.values():  # --debug after the subcommand too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
