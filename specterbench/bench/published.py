@@ -267,7 +267,7 @@ def draft_bytes(host, engine, strategy: str, options: dict) -> int:
 
 def budget_bytes(host, engine, m: Measurement) -> tuple[int, str]:
     """The measurement's budget in the engine's bytes, and how it was derived (printed beside the row)."""
-    b, total, g = m.budget, engine.total_expert_bytes, engine.geometry
+    b, total = m.budget, engine.total_expert_bytes
     if "slots_per_layer" in b:
         from specterbench.engine.geometry import geometry_preset
 
@@ -277,13 +277,15 @@ def budget_bytes(host, engine, m: Measurement) -> tuple[int, str]:
         how = f"{n} of {real_e} experts per layer"
     elif "fraction" in b:
         nbytes, how = int(b["fraction"] * total), f"{b['fraction']:.0%} of expert bytes"
-    else:
+    else:  # the real model's sizes (a projection may stand fewer experts for more: Phi's 16 by tiny-mixtral's 8)
+        real = _priced(m)
         profile = host.profiles().get(m.profile)
-        free = profile.device_memory_bytes - dense_bytes(g, m.precision) - b.get("reserve_gib", 0.0) * 2**30
-        fraction = max(0.0, min(1.0, free / g.all_expert_bytes))
+        dense = dense_bytes(real, m.precision)
+        free = profile.device_memory_bytes - dense - b.get("reserve_gib", 0.0) * 2**30
+        fraction = max(0.0, min(1.0, free / real.all_expert_bytes))
         nbytes = int(fraction * total)
-        how = (f"{profile.device_memory_bytes / 2**30:.0f} GiB - dense {dense_bytes(g, m.precision) / 1e9:.1f} GB - "
-               f"{b.get('reserve_gib', 0.0):g} GiB reserve")
+        how = (f"{profile.device_memory_bytes / 2**30:.0f} GiB - dense {dense / 1e9:.1f} GB - "
+               f"{b.get('reserve_gib', 0.0):g} GiB reserve, of {real.all_expert_bytes / 1e9:.1f} GB of experts")
     if "minus_draft_of" in b:
         nbytes -= draft_bytes(host, engine, b["minus_draft_of"], {})
         how += f" - {b['minus_draft_of']}'s draft"
