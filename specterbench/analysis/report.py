@@ -33,7 +33,7 @@ def summary_table(rows: list[ResultRow]):
                  "host": "host wall only"}[r.clock]
         records.append({
             "model": (r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)")
-            + ("" if getattr(r, "precision", "bf16") == "bf16" else f", {r.precision}"),
+            + ("" if r.precision == "bf16" else f", {r.precision}"),
             "strategy": r.strategy_label,
             "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
                        f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),
