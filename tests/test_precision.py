@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from specterbench.bench.results import read_rows
 from specterbench.cli import main
@@ -99,3 +100,25 @@ def test_old_rows_without_precision_read_as_bf16(tmp_path):
         del d["precision"]
     path.write_text("".join(json.dumps(d) + "\n" for d in data))
     assert {r.precision for r in read_rows(tmp_path / "o")} == {"bf16"}
+
+
+def test_set_precision_bills_stored_bytes_and_prices_the_geometry():
+    from specterbench.engine.engine import Engine
+    from specterbench.engine.models import tiny_random
+    from specterbench.engine.precision import quantize_model
+
+    model, tok = tiny_random("mixtral")
+    before = model.model.layers[0].mlp.experts.gate_up_proj.detach().clone()
+    precision = Precision.parse(4, 8)
+    quantize_model(model, precision)
+    after = model.model.layers[0].mlp.experts.gate_up_proj.detach()
+    assert not torch.equal(before, after) and (before - after).abs().max() < 0.2 * before.abs().max()
+    engine = Engine(model, name="tiny-random-mixtral", tokenizer=tok)
+    sixteen = engine.expert_bytes
+    engine.set_precision(precision)
+    gu, dn = engine.store.weights[(0, 0)]
+    spec = precision.expert_spec
+    assert engine.expert_bytes == spec.tensor_bytes(gu.numel()) + spec.tensor_bytes(dn.numel()) < sixteen / 3
+    assert engine.precision is precision and engine.dense_ratio == precision.dense_ratio < 0.6
+    assert engine.geometry.expert_bits_per_weight == pytest.approx(precision.expert_bits_per_weight(
+        engine.geometry.hidden, engine.geometry.expert_intermediate))
