@@ -27,7 +27,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specterbench.errors import SpecterbenchError, UsageError
+from typing import TYPE_CHECKING
+
+from specterbench.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specterbench.engine.precision import Precision
 
 RECORD = Path(__file__).resolve().parent / "published" / "record.toml"
 KINDS = ("tpot_ms", "tokens_per_s", "hit_rate", "component_ms")
@@ -55,7 +60,7 @@ class Measurement:
     profile: str
     kind: str
     value: float
-    precision: object  # engine.precision.Precision
+    precision: "Precision"  # the target's stored precision
     strategy: str | None = None
     options: dict = field(default_factory=dict)
     standin: str | None = None
@@ -524,5 +529,5 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["Measurement", "Outcome", "Pair", "QUICK_IDS", "RECORD", "SpecterbenchError", "load_record",
-           "pairs_of", "price_component", "render", "run_record", "summary"]
+__all__ = ["Measurement", "Outcome", "Pair", "QUICK_IDS", "RECORD", "load_record", "pairs_of", "price_component",
+           "render", "run_record", "summary"]
