@@ -64,8 +64,7 @@ class Precision:
         _bits(self.dense_bits, DENSE_BITS, "--dense-bits")
         if self.quantizer not in TARGET_QUANTIZERS:
             raise UsageError(f"unknown expert quantizer {self.quantizer!r}; use one of {', '.join(TARGET_QUANTIZERS)}")
-        self.expert_spec  # a format that cannot hold the bits (bnb at 3 bits, a group it lacks) is refused here
-        self.dense_spec
+        _ = self.expert_spec, self.dense_spec  # a format that cannot hold the bits (bnb at 3 bits) refuses here
 
     @classmethod
     def parse(cls, expert_bits=16, dense_bits=16, quantizer: str = "int", group=DEFAULT_GROUP) -> "Precision":
