@@ -20,7 +20,8 @@ call                                   meaning
                                        ``bytes_ratio=`` < 1 prices a draft's low-bit copy of its weights
 ``head_s(rows=1)``                     the output head over ``rows`` positions (``bytes_ratio=`` as above)
 ``router_s(n_tokens)``                 applying one router (gate) to ``n_tokens`` hidden states
-``host_expert_s(n_tokens)``            one expert on the host CPU, activations down and back included, host idle
+``host_expert_s(n_tokens)``            one expert on the host CPU started now, activations down and back included,
+                                       its weights read from host DRAM shared with the link's queued copies
 ``link_backlog_s(priority=None)``      until a copy issued now would *start*: the copy on the link plus every
                                        queued copy that outranks it (None: every queued copy)
 ``copy_arrival_s(priority=None)``      ``link_backlog_s(priority) + copy_s()``: until a copy issued now *lands*
@@ -36,9 +37,11 @@ call                                   meaning
 
 Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device op costs ``launches · launch_us +
 max(flops / flops_per_s, bytes / mem_bytes_per_s)``; a copy ``link_latency_us + bytes / link_bytes_per_s``; a host
-expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes /
-host.mem_bytes_per_s)`` plus one activation hop each way (``link_latency_us + activation bytes /
-link_bytes_per_s``). Bytes and FLOPs come from the geometry, each multiplied by ``layer_scale``.
+expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes / DRAM share)``
+plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``), where the DRAM share
+is ``host.mem_bytes_per_s`` while the link is idle and ``host.mem_bytes_per_s - link_bytes_per_s`` while it copies
+(host memory is one resource: :meth:`CostModel.host_dram_share`). Bytes and FLOPs come from the geometry, each
+multiplied by ``layer_scale``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from specterbench.engine.geometry import Geometry
 from specterbench.engine.profiles import HardwareProfile, HostProfile
+from specterbench.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
     from specterbench.engine.engine import Engine
@@ -75,6 +79,10 @@ class CostModel:
         self.profile = profile
         self.geometry = geometry
         self.host = host
+        if host is not None and host.mem_bytes_per_s <= profile.link_bytes_per_s:
+            raise UsageError(f"host profile {host.name!r} ({host.mem_bytes_per_s / 1e9:g} GB/s DRAM) cannot feed "
+                             f"the link of {profile.name!r} ({profile.link_bytes_per_s / 1e9:g} GB/s) and a host "
+                             f"expert at once; pick a host profile with more memory bandwidth")
 
     # ---- what an operation is (FLOPs, bytes, launches) ----------------------------------------------
     def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0) -> Op:
@@ -133,12 +141,62 @@ class CostModel:
         return self.profile.link_latency_us * 1e-6 + act_bytes / self.profile.link_bytes_per_s
 
     def host_seconds(self, op: HostOp, threads: int) -> float:
-        """The host's own work on ``op`` with ``threads`` of its threads (the hops not included)."""
-        h = self.host
-        if h is None:
+        """The host's own work on ``op`` with ``threads`` of its threads on an idle link (the hops not included)."""
+        h = self._host()
+        return h.launch_us * 1e-6 + max(self.host_compute_seconds(op, threads), op.weight_bytes / h.mem_bytes_per_s)
+
+    def _host(self) -> HostProfile:
+        if self.host is None:
             raise ValueError("this cost model has no host profile; give the run a --host-profile")
-        used = min(threads, h.threads) / h.threads
-        return h.launch_us * 1e-6 + max(op.flops / (h.flops_per_s * used), op.weight_bytes / h.mem_bytes_per_s)
+        return self.host
+
+    def host_compute_seconds(self, op: HostOp, threads: int) -> float:
+        """The arithmetic of ``op`` on ``threads`` of the host's threads (its floor when DRAM keeps up)."""
+        h = self._host()
+        return op.flops / (h.flops_per_s * min(threads, h.threads) / h.threads)
+
+    def host_dram_share(self) -> tuple[float, float]:
+        """Host DRAM bytes/s left for host expert compute: ``(link idle, link copying)``.
+
+        The sharing rule: host memory is one resource of ``host.mem_bytes_per_s`` (sustained, all channels). A copy
+        on the link is a DMA read of host memory at the link's rate, and the link is the narrower pipe, so the
+        memory controller serves it at that rate; the host's cores get the rest while a copy runs, all of it
+        otherwise. (The activation hops of host experts are a few KB: not counted.)"""
+        h = self._host()
+        return h.mem_bytes_per_s, h.mem_bytes_per_s - self.profile.link_bytes_per_s
+
+    def host_dram_finish(self, start: float, compute_s: float, weight_bytes: float,
+                         busy: Sequence[tuple[float, float]]) -> tuple[float, float]:
+        """When a host expert started at ``start`` finishes, its weights streamed at :meth:`host_dram_share`'s
+        rate through the link's busy intervals ``busy`` ((start, end), in time order, disjoint); never before its
+        launch plus ``compute_s``. Returns (finish, seconds it streamed while a copy ran)."""
+        idle, shared = self.host_dram_share()
+        t = start + self._host().launch_us * 1e-6
+        floor, left, overlap = t + compute_s, float(weight_bytes), 0.0
+        for a, b in busy:
+            if b <= t or left <= 0:
+                continue
+            if a > t:  # the link is idle until a
+                if (a - t) * idle >= left:
+                    break
+                left -= (a - t) * idle
+                t = a
+            if (b - t) * shared >= left:
+                overlap += left / shared
+                t += left / shared
+                left = 0.0
+                break
+            left -= (b - t) * shared
+            overlap += b - t
+            t = b
+        end = t + left / idle
+        return max(end, floor), overlap
+
+    def host_seconds_shared(self, op: HostOp, threads: int, link_busy_s: float) -> float:
+        """The host's own work on ``op`` when the link copies for the first ``link_busy_s`` seconds of it."""
+        end, _ = self.host_dram_finish(0.0, self.host_compute_seconds(op, threads), op.weight_bytes,
+                                       [(0.0, link_busy_s)] if link_busy_s > 0 else [])
+        return end
 
     def host_expert_seconds(self, n_tokens: int, threads: int) -> float:
         """One expert on an idle host, from activations leaving the device to the result back on it."""
@@ -179,7 +237,13 @@ class CostEstimates:
         return self.model.op_seconds(*self.model.router(n_tokens))
 
     def host_expert_s(self, n_tokens: int) -> float:
-        return self.model.host_expert_seconds(n_tokens, self._engine.host_threads)
+        """One expert on the host started now behind the host's queue, activations down and back included, its
+        weights streamed from DRAM shared with the copies the link has started or queued by then."""
+        m, e = self.model, self._engine
+        op = m.host_expert(n_tokens)
+        hop = m.hop_seconds(op.act_bytes)
+        busy = max(0.0, e.clock.link_backlog_s() - self.host_backlog_s() - hop)
+        return 2 * hop + m.host_seconds_shared(op, e.host_threads, busy)
 
     def link_backlog_s(self, priority: float | None = None) -> float:
         return self._engine.clock.link_backlog_s(priority)
