@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specterbench.engine.clocks import ModeledClock
-from specterbench.engine.costs import CostModel, HostOp
+from specterbench.engine.costs import CostModel, HostOp, check_host_feeds_link
 from specterbench.engine.geometry import Geometry
 from specterbench.engine.profiles import HardwareProfile, HostProfile
 from specterbench.errors import UsageError
@@ -72,4 +72,6 @@ def test_a_host_that_cannot_feed_the_link_is_refused_in_one_line():
     slow = HostProfile("slow", "cpu", mem_bytes_per_s=1e6, flops_per_s=1e9, threads=1, launch_us=0.0,
                        sources=("t",))
     with pytest.raises(UsageError, match="cannot feed the link"):
-        CostModel(PROFILE, GEO, slow)
+        check_host_feeds_link(PROFILE, slow)
+    with pytest.raises(UsageError, match="cannot feed the link"):
+        CostModel(PROFILE, GEO, slow).host_seconds_shared(JOB, 1, 1.0)

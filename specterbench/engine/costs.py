@@ -72,6 +72,15 @@ class HostOp(NamedTuple):
     act_bytes: float  # activations one way (they go down and come back: two hops)
 
 
+def check_host_feeds_link(profile: HardwareProfile, host: HostProfile) -> None:
+    """Refuse, in one line, a host whose DRAM cannot serve the link's DMA and a host expert at once (the sharing
+    rule of :meth:`CostModel.host_dram_share` would leave the host nothing)."""
+    if host.mem_bytes_per_s <= profile.link_bytes_per_s:
+        raise UsageError(f"host profile {host.name!r} ({host.mem_bytes_per_s / 1e9:g} GB/s DRAM) cannot feed the "
+                         f"link of {profile.name!r} ({profile.link_bytes_per_s / 1e9:g} GB/s) and a host expert at "
+                         f"once; pick a host profile with more memory bandwidth")
+
+
 class CostModel:
     """Prices of every operation at a geometry on a hardware profile (and a host profile for host experts)."""
 
@@ -79,10 +88,6 @@ class CostModel:
         self.profile = profile
         self.geometry = geometry
         self.host = host
-        if host is not None and host.mem_bytes_per_s <= profile.link_bytes_per_s:
-            raise UsageError(f"host profile {host.name!r} ({host.mem_bytes_per_s / 1e9:g} GB/s DRAM) cannot feed "
-                             f"the link of {profile.name!r} ({profile.link_bytes_per_s / 1e9:g} GB/s) and a host "
-                             f"expert at once; pick a host profile with more memory bandwidth")
 
     # ---- what an operation is (FLOPs, bytes, launches) ----------------------------------------------
     def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0) -> Op:
@@ -163,6 +168,7 @@ class CostModel:
         memory controller serves it at that rate; the host's cores get the rest while a copy runs, all of it
         otherwise. (The activation hops of host experts are a few KB: not counted.)"""
         h = self._host()
+        check_host_feeds_link(self.profile, h)
         return h.mem_bytes_per_s, h.mem_bytes_per_s - self.profile.link_bytes_per_s
 
     def host_dram_finish(self, start: float, compute_s: float, weight_bytes: float,
@@ -170,12 +176,13 @@ class CostModel:
         """When a host expert started at ``start`` finishes, its weights streamed at :meth:`host_dram_share`'s
         rate through the link's busy intervals ``busy`` ((start, end), in time order, disjoint); never before its
         launch plus ``compute_s``. Returns (finish, seconds it streamed while a copy ran)."""
-        idle, shared = self.host_dram_share()
+        idle = self._host().mem_bytes_per_s
         t = start + self._host().launch_us * 1e-6
         floor, left, overlap = t + compute_s, float(weight_bytes), 0.0
         for a, b in busy:
             if b <= t or left <= 0:
                 continue
+            shared = self.host_dram_share()[1]  # a copy overlaps the job: the share (checked) is needed
             if a > t:  # the link is idle until a
                 if (a - t) * idle >= left:
                     break
