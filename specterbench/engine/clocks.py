@@ -91,9 +91,10 @@ class Clock(Protocol):
     def drain_landed(self) -> list[Transfer]:
         """Copies that landed since the last call, in landing order."""
 
-    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        """Charge one device op; returns its price in seconds (a measured clock only prices it: the real kernel
-        takes its own time)."""
+    def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                efficiency: float = 1.0) -> float:
+        """Charge one device op (the fields of a :class:`~specterbench.engine.costs.Op`); returns its price in
+        seconds (a measured clock only prices it: the real kernel takes its own time)."""
 
     def wait_landed(self, t: Transfer) -> float:
         """Block until ``t`` has landed, so that its slot may be evicted (the host waits on a measured clock,
@@ -295,11 +296,13 @@ class ModeledClock(_Backlog):
         return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else self.profile.link_bytes_per_s
 
     # ---- compute -----------------------------------------------------------------------------------
-    def op_seconds(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        return self.costs.op_seconds(flops, nbytes, launches)
+    def op_seconds(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                   efficiency: float = 1.0) -> float:
+        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
 
-    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        dt = self.costs.op_seconds(flops, nbytes, launches)
+    def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                efficiency: float = 1.0) -> float:
+        dt = self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
         self.now_s += dt
         self.totals.compute_busy_s += dt
         return dt

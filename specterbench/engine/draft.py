@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specterbench.engine.kernels import kernel_for
 from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
 
@@ -79,15 +80,27 @@ class QuantSpec:
             return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
         return f"{self.quantizer}{self.bits}/g{self.blocksize}"
 
-    def tensor_bytes(self, n: int) -> int:
-        """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata)."""
-        groups = -(-n // self.blocksize)
+    def tensor_bytes(self, n: int, cols: int | None = None) -> int:
+        """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata), with the
+        groups the quantizer really stores: ``cols`` (the input dimension, None: a multiple of the group) decides
+        them for ``int`` (a ragged last group per row) and ``hqq`` (one group per row unless ``n`` divides)."""
+        groups = self.groups(n, cols)
         if self.quantizer == "bnb":
             return (n * self.bits + 7) // 8 + groups * 4  # fp32 absmax per block
         if self.quantizer == "int":
             return (n * self.bits + 7) // 8 + (groups * (16 + self.bits) + 7) // 8  # fp16 scale, b-bit zero
-        packed = -(-groups // 10) * self.blocksize * 4 if self.bits == 3 else (n * self.bits + 7) // 8
-        return packed + groups * 4  # hqq: 3-bit packs ten values per int32; fp16 scale and zero per group
+        size = n // groups  # hqq: 3-bit packs ten group rows into one int32 row; fp16 scale and zero per group
+        packed = -(-groups // 10) * size * 4 if self.bits == 3 else (n * self.bits + 7) // 8
+        return packed + groups * 4
+
+    def groups(self, n: int, cols: int | None = None) -> int:
+        """Quantization groups stored for a weight of ``n`` values with ``cols`` input columns."""
+        if cols is None or self.quantizer == "bnb":  # bnb: blocks over the flattened tensor
+            return -(-n // self.blocksize)
+        rows = n // cols
+        if self.quantizer == "int":
+            return rows * -(-cols // self.blocksize)
+        return n // self.blocksize if n % self.blocksize == 0 else rows  # hqq (see _hqq_roundtrip)
 
     def bits_per_weight(self, n: int = 1 << 20) -> float:
         return 8 * self.tensor_bytes(n) / n
@@ -95,7 +108,7 @@ class QuantSpec:
 
 def quantized_bytes(engine, spec: QuantSpec) -> int:
     """Device bytes of every routed expert quantized with ``spec``; equals :attr:`QuantizedExperts.nbytes`."""
-    return sum(spec.tensor_bytes(w.numel()) for pair in engine.store.weights.values() for w in pair)
+    return sum(spec.tensor_bytes(w.numel(), w.shape[-1]) for pair in engine.store.weights.values() for w in pair)
 
 
 def _shared(engine, store: str, spec: QuantSpec, make):
@@ -160,6 +173,7 @@ class QuantizedDense:
         self.engine, self.spec = engine, spec
         self.nbytes = dense_quantized_bytes(engine, spec)
         self.bytes_ratio = spec.bits_per_weight() / 16
+        self.kernel = kernel_for(spec)  # how the modeled clock prices the kernels that read this copy
         self.modules = dense_linears(engine.model)
         self.weights = [nn.Parameter(roundtrip(m.weight.detach().float(), spec).to(m.weight.dtype),
                                      requires_grad=False) for m in self.modules]
@@ -207,16 +221,20 @@ def park_unclaimed(engine, strategy=None) -> None:
 
 def _int_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """Asymmetric round-to-nearest per group of ``blocksize`` along the input dim; returns the dequantized
-    weight (fp16 scale, integer zero point, as stored)."""
+    weight (fp16 scale, integer zero point, as stored). A row that is not a multiple of the group ends in a shorter
+    group (padded with its last value, which moves neither its minimum nor its maximum); bytes are billed for these
+    groups (:meth:`QuantSpec.groups`)."""
     rows, cols = w.shape
-    g = spec.blocksize if cols % spec.blocksize == 0 else cols  # a row shorter than a group is one group
-    x = w.float().reshape(rows, cols // g, g)  # [R, G, g]
+    g = spec.blocksize
+    pad = -cols % g
+    x = F.pad(w.float().unsqueeze(0), (0, pad), mode="replicate")[0] if pad else w.float()  # [R, cols + pad]
+    x = x.reshape(rows, -1, g)  # [R, G, g]
     qmax = (1 << spec.bits) - 1
     lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
     scale = ((hi - lo) / qmax).clamp_min(1e-8).half().float()
     zero = (-lo / scale).round().clamp(0, qmax)
     q = (x / scale + zero).round().clamp(0, qmax)
-    return ((q - zero) * scale).reshape(rows, cols)
+    return ((q - zero) * scale).reshape(rows, -1)[:, :cols]
 
 
 def _hqq_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
@@ -294,6 +312,7 @@ class QuantizedExperts:
                 self.dense[key] = tuple(roundtrip(w.to(engine.device).float(), spec).to(engine.compute_dtype)
                                         for w in pair)
         self.bytes_ratio = self.nbytes / engine.total_expert_bytes  # ≈ 0.28 nf4/b64, ≈ 0.26 int4/g128
+        self.kernel = kernel_for(spec)  # the fused low-bit MoE kernel's price (engine.kernels)
         self.routing: list[tuple[int, list[int], list[int]]] = []  # (layer, experts, tokens per expert)
 
     def _move(self, device) -> None:
@@ -339,4 +358,4 @@ class QuantizedExperts:
         """Modeled cost of one layer's routed experts as one fused low-bit MoE kernel (the cost model's
         ``experts_fused``: every routed expert's FLOPs and quantized bytes, one expert's launches)."""
         engine = self.engine
-        engine.charge(engine.clock.costs.experts_fused(n_tokens, self.bytes_ratio))
+        engine.charge(engine.clock.costs.experts_fused(n_tokens, self.bytes_ratio, self.kernel))

@@ -193,9 +193,11 @@ class Governor:
 class WindowCosts:
     """The cost model's prices for one forecast (``engine.costs`` at the present context), per window part."""
 
-    def __init__(self, engine, draft_bytes_ratio: float, remaining: int, host: bool, dense_ratio: float = 1.0):
+    def __init__(self, engine, draft_bytes_ratio: float, remaining: int, host: bool, dense_ratio: float = 1.0,
+                 draft_kernel=None, dense_kernel=None):
         self.engine, self.ratio, self.remaining, self.host = engine, draft_bytes_ratio, remaining, host
         self.dense_ratio = dense_ratio  # the draft's dense weights over 16-bit (1.0: it reads the target's)
+        self.draft_kernel, self.dense_kernel = draft_kernel, dense_kernel  # their low-bit kernels (None: by ratio)
         self.costs = engine.costs
         g = engine.geometry
         self.dense_layers = g.layers - g.moe_layers
@@ -206,8 +208,10 @@ class WindowCosts:
     def draft_step_s(self) -> float:
         c, e = self.costs, self.engine
         d = self.dense_ratio
-        layer = c.layer_s(1, bytes_ratio=d) + c.experts_fused_s([1] * e.top_k, self.ratio)
-        return self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d) + e.num_layers * layer + c.head_s(1, d)
+        dk = self.dense_kernel
+        layer = c.layer_s(1, bytes_ratio=d, kernel=dk) + c.experts_fused_s([1] * e.top_k, self.ratio, self.draft_kernel)
+        return (self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d, kernel=dk) + e.num_layers * layer
+                + c.head_s(1, d, dk))
 
     def verify_s(self, n_tokens: int, union: float) -> float:
         c, e = self.costs, self.engine

@@ -129,7 +129,7 @@ class Specter(SpeculativeDecoding):
         cheaper per token than the best window with the draft, drop the draft and give its bytes to the cache
         (``engine.release_device_bytes``); the cell then decodes with K = 0 only. The bigger cache's misses are
         scaled from the smaller one's by the calibration counts' coverage of the popular experts it holds."""
-        costs = WindowCosts(engine, self.draft.bytes_ratio, 10**6, self.host_path, self.dense_ratio)
+        costs = self.window_costs(10**6)
         g = self.governor
         g.prior_miss_s = costs.prior_miss_s()
         spec = min((g.forecast(k, costs) for k in g.choices if k), key=lambda f: f.per_token_s)
@@ -154,10 +154,13 @@ class Specter(SpeculativeDecoding):
         self.load_residents(engine, calibration)
 
     # ---- the governor ------------------------------------------------------------------------------
+    def window_costs(self, remaining: int) -> WindowCosts:
+        return WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path, self.dense_ratio,
+                           self.draft.kernel, self.dense.kernel if self.dense is not None else None)
+
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
-        costs = WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path,
-                            self.dense_ratio)
+        costs = self.window_costs(remaining)
         if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are
             self.governor.prior_miss_s = costs.prior_miss_s()
             self.forecast = self.governor.forecast(min(self.k, remaining), costs)
