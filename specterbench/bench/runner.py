@@ -24,7 +24,6 @@ from specterbench.bench.reference import write_reference
 from specterbench.bench.results import ResultRow, RowWriter, read_rows
 from specterbench.plugins.strategy import Calibration, Request, Strategy
 from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
-from specterbench.engine.costs import check_host_feeds_link
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.bench.budget import Budget, parse_budget  # noqa: F401 - parse_budget is imported from here
 from specterbench.bench.checks import check_context, check_device, check_strategy_options, check_workload_size
@@ -80,8 +79,6 @@ class BenchConfig:
         check_device(self.device)
         host.profiles().entry(self.profile)
         host.host_profiles().entry(self.host_profile)
-        if self.clock == "modeled":  # host DRAM is shared with the link's DMA: it must be able to feed both
-            check_host_feeds_link(host.profiles().get(self.profile), host.host_profiles().get(self.host_profile))
         if self.geometry not in (None, "own", "auto"):
             if self.clock != "modeled":
                 raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "

@@ -53,8 +53,10 @@ class Shape:
 class Governor:
     """Online statistics and the forecast; :meth:`choose` is the argmin over the allowed depths."""
 
-    def __init__(self, shape: Shape, choices=K_CHOICES, prior_acceptance: float = 0.8, prior_gamma: float = 0.5):
+    def __init__(self, shape: Shape, choices=K_CHOICES, prior_acceptance: float = 0.8, prior_gamma: float = 0.5,
+                 plan: bool = True):
         self.shape = shape
+        self.plan = plan  # False: no prefetch plan covers any of the window's misses (spec-host)
         self.choices = tuple(choices)
         self.accepted, self.rejected = 8.0 * prior_acceptance, 8.0 * (1 - prior_acceptance)  # worth eight trials
         # accepted run lengths (Kaplan-Meier): draft tokens reaching position j, and rejected at j (j = 1..32)
@@ -172,7 +174,7 @@ class Governor:
         uncached = u * (1 - hit)
         draft_s = k * (self.draft_step_s if self.draft_step_s is not None else costs.draft_step_s())
         planned = 0.0
-        if k:
+        if k and self.plan:
             per_layer_room = max(0.0, s.slots / s.moe_layers - u * hit)
             link_per_layer = draft_s / costs.copy_s() / s.moe_layers if costs.copy_s() > 0 else float("inf")
             planned = min(uncached * self.recall_sum / self.recall_n, per_layer_room, link_per_layer)
