@@ -92,6 +92,7 @@ class Engine(CacheControl):
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
         self.host_placed_s = 0.0  # host seconds of this layer's misses placed on the host, not yet started
         self.dense_ratio = 1.0  # weight bytes of the dense layers and head over 16-bit in this pass (a draft's copy)
+        self.dense_kernel = None  # the kernel reading them (None: 16-bit; a draft copy's LowBitKernel)
         self.samples: list[StepSample] = []
         self.warming_up = False  # True between begin_warmup() and end_warmup()
         self.current_layer: int | None = None  # the MoE layer being run (None between layers' experts)
@@ -218,6 +219,7 @@ class Engine(CacheControl):
         self.context_len = kv.get_seq_length() + T
         self.expert_override = experts
         self.dense_ratio = 1.0 if dense is None else dense.bytes_ratio
+        self.dense_kernel = None if dense is None else dense.kernel
         if experts is None:
             self.strategy.on_step_start(T)
         self._charge_dense_layers(T)
@@ -225,10 +227,10 @@ class Engine(CacheControl):
             with dense if dense is not None else contextlib.nullcontext():
                 out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
                                  logits_to_keep=0 if all_logits else 1)
-            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio))
+            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio, self.dense_kernel))
         finally:
             self.expert_override = None
-            self.dense_ratio = 1.0
+            self.dense_ratio, self.dense_kernel = 1.0, None
             self.current_layer = self.current_hidden = self.routing = None
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")
@@ -290,12 +292,12 @@ class Engine(CacheControl):
         g, costs = self.geometry, self.clock.costs
         for _ in range(g.layers - g.moe_layers):
             self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False,
-                                                  bytes_ratio=self.dense_ratio))
+                                                  bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
 
     def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         """One MoE layer through the cache (the seam's call); phases in :mod:`specterbench.engine.moe_layer`."""
         self.clock.compute(*self.clock.costs.dense_layer(hidden.shape[0], self.context_len, moe=True,
-                                                         bytes_ratio=self.dense_ratio))
+                                                         bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
         if self.expert_override is not None:
             return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         groups = group_tokens(top_k_index, top_k_weights, self.num_experts)
