@@ -47,4 +47,4 @@ class MixedPrecision(LRU):
         return SUBSTITUTE
 
     def substitute(self, key):
-        return self.low.weights(key), self.low.bytes_ratio
+        return self.low.weights(key), self.low.bytes_ratio, self.low.kernel

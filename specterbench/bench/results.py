@@ -75,7 +75,8 @@ class ResultRow:
     substituted: int = 0  # misses computed with a lower-precision substitute (lossy strategies)
     stall_ms_per_token: float | None = None
     peak_cache_bytes: int = 0
-    strategy_device_bytes: int = 0
+    strategy_device_bytes: int = 0  # charged to the strategy's budget besides its cache
+    strategy_device_bytes_allocated: int | None = None  # storage of the tensors it really held there (drafts, scratch)
     nvml_h2d_bytes: int | None = None  # PCIe RX of the GPU integrated over the measured requests (NVML)
     nvml_d2h_bytes: int | None = None
     nvml_note: str | None = None  # why the NVML columns are empty, e.g. "no NVML: library not found"

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from specterbench.engine.draft import drafts_allocated_bytes
 from specterbench.engine.engine import Engine
 from specterbench.errors import BudgetError, SpecterbenchError, UsageError
 from specterbench.engine.geometry import geometry_preset, project
@@ -350,6 +351,7 @@ class Runner:
                 engine.begin_request(request(pid, ids))
                 outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
                 all_samples.append(list(engine.samples))
+            row.strategy_device_bytes_allocated = drafts_allocated_bytes(engine)
             fill_metrics(row, engine, strategy, all_samples)
             check_tokens(row, outputs, reference, cls.lossless,
                                numerics=(dict(prompts), engine.compute_dtype, cfg.decode))
@@ -369,6 +371,7 @@ class Runner:
                 if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
                     row.peak_device_bytes = torch.cuda.max_memory_allocated(engine.device)
                 hooks.specterbench_cell_end(cell=key, row=row)
+            engine.end_cell()  # the draft, its scratch and the cache go with the cell
         row.duration_s = time.perf_counter() - started
         return row
 

@@ -101,6 +101,20 @@ class Precision:
         spec = self.dense_spec
         return 1.0 if spec is None else spec.bits_per_weight() / 16
 
+    @property
+    def expert_kernel(self):
+        """The low-bit kernel the target's experts run with (:func:`specterbench.engine.kernels.kernel_for`)."""
+        from specterbench.engine.kernels import kernel_for
+
+        return None if self.expert_spec is None else kernel_for(self.expert_spec)
+
+    @property
+    def dense_kernel(self):
+        """The low-bit kernel the target's dense weights run with; None at 16 bits."""
+        from specterbench.engine.kernels import kernel_for
+
+        return None if self.dense_spec is None else kernel_for(self.dense_spec)
+
     def label(self) -> str:
         """``bf16``, ``experts int4/g128``, ``experts int2/g32 + dense int8/g64``: what rows and cells carry."""
         if not self.quantized:

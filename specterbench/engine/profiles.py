@@ -27,9 +27,14 @@ class HardwareProfile:
     launch_us: float  # per-kernel launch/dispatch overhead on the compute stream
     device_memory_bytes: int
     sources: tuple[str, ...]
+    # CUDA-core 32-bit instruction throughput actually reachable, for low-bit kernels' dequantization
+    # (:mod:`specterbench.engine.kernels`); 0: not stated, priced at flops_per_s / 16 (the A100's CUDA-core to
+    # tensor-core ratio, 19.5 vs 312 TFLOP/s)
+    alu_ops_per_s: float = 0.0
 
     def __post_init__(self) -> None:
-        _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us"))
+        # alu_ops_per_s may be 0 (not stated: priced at flops_per_s / 16)
+        _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us", "alu_ops_per_s"))
 
     @classmethod
     def from_dict(cls, data: dict) -> "HardwareProfile":
@@ -65,7 +70,7 @@ def _check_fields(profile, kind: str, may_be_zero: tuple[str, ...] = ()) -> None
 def _from_dict(cls, data: dict, kind: str):
     """A profile from plain data (a TOML table); a missing or unknown field is named in one line."""
     names = [f.name for f in dataclasses.fields(cls)]
-    missing = [n for n in names if n not in data]
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.default is dataclasses.MISSING]
     if missing:
         raise UsageError(f"{kind} {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
                          f"a {kind} needs: {', '.join(names)}")
@@ -94,7 +99,9 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
             "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 1555 GB/s HBM2 (40GB PCIe); 60%/80% reachable",
             "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest; mixtral-offloading, Eliseev & "
             "Mazur 2023)",
+            "NVIDIA A100 whitepaper: 108 SMs x 64 INT32 lanes x 1.41 GHz = 9.7e12 instructions/s; 60% reachable",
         ),
+        alu_ops_per_s=108 * 64 * 1.41e9 * 0.6,
     ),
     HardwareProfile(
         name="h100-pcie5",
@@ -108,7 +115,9 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
         sources=(
             "NVIDIA H100 PCIe datasheet: 756 TFLOP/s bf16 dense, 2.0 TB/s HBM2e; 60%/80% reachable",
             "PCIe 5.0 x16 pinned H2D ~50 GB/s measured (CUDA bandwidthTest on Gen5 hosts)",
+            "NVIDIA H100 whitepaper: 114 SMs (PCIe) x 64 INT32 lanes x 1.755 GHz = 12.8e12 instructions/s; 60%",
         ),
+        alu_ops_per_s=114 * 64 * 1.755e9 * 0.6,
     ),
     HardwareProfile(
         name="rtx4090-pcie4",
@@ -122,7 +131,9 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
         sources=(
             "NVIDIA Ada whitepaper: 165 TFLOP/s bf16 dense (fp32 accumulate), 1008 GB/s GDDR6X; 60%/80% reachable",
             "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest)",
+            "NVIDIA Ada whitepaper: 128 SMs x 64 INT32 lanes x 2.52 GHz = 20.6e12 instructions/s; 60% reachable",
         ),
+        alu_ops_per_s=128 * 64 * 2.52e9 * 0.6,
     ),
 )
 
@@ -133,13 +144,17 @@ DEFAULT_PROFILE = "a100-40g-pcie4"
 class HostProfile:
     """The host CPU that computes experts in place of the accelerator (Fiddler, llama.cpp ``--n-cpu-moe``).
 
-    An expert on the host costs ``max(flops / (flops_per_s * used/threads), weight bytes / mem_bytes_per_s)``:
-    at decode sizes it streams its weights from DRAM, so memory bandwidth decides.
+    An expert on the host costs ``max(flops / (flops_per_s * used/threads), weight bytes / DRAM share)``: at decode
+    sizes it streams its weights from DRAM, so memory bandwidth decides — and that DRAM also serves the link's DMA
+    reads, so while a copy runs the host gets ``mem_bytes_per_s - link_bytes_per_s`` (see
+    :meth:`specterbench.engine.costs.CostModel.host_dram_share`).
     """
 
     name: str
     cpu: str
-    mem_bytes_per_s: float  # sustained DRAM read bandwidth (STREAM-like), all threads
+    # sustained DRAM read bandwidth (STREAM-like), all threads: the one host memory that host experts and the link's
+    # DMA reads share (CostModel.host_dram_share: the host gets this minus the link's rate while a copy runs)
+    mem_bytes_per_s: float
     flops_per_s: float  # sustained bf16/fp32 GEMM throughput, all threads
     threads: int
     launch_us: float  # per-expert dispatch cost on the host (thread-pool wake-up, small-GEMM setup)

@@ -140,6 +140,13 @@ class ExpertStore:
         self.expert_bytes = self.device_expert_bytes = int(nbytes)
 
     @property
+    def total_params(self) -> int:
+        """Weights of every routed expert (a quantized copy's bytes over ``2 * total_params`` is its ratio over
+        16-bit, the cost model's unit whatever the target's precision)."""
+        gu, dn = self.weights[(0, 0)]
+        return (gu.numel() + dn.numel()) * len(self.weights)
+
+    @property
     def total_bytes(self) -> int:
         return self.expert_bytes * len(self.weights)
 
