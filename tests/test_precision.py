@@ -54,7 +54,7 @@ def test_the_priced_geometry_holds_packed_expert_bytes():
     q = priced_geometry(g, Precision.parse(4))
     spec = QuantSpec(bits=4, blocksize=128, quantizer="int")
     n_gu, n_dn = 2 * g.hidden * g.expert_intermediate, g.hidden * g.expert_intermediate
-    assert q.expert_bytes == spec.tensor_bytes(n_gu) + spec.tensor_bytes(n_dn)
+    assert q.expert_bytes == spec.tensor_bytes(n_gu) + spec.tensor_bytes(n_dn)  # whole groups: the same count
     assert q.expert_bytes < g.expert_bytes / 3.8 and "int4/g128" in q.label()
 
 
@@ -118,7 +118,7 @@ def test_set_precision_bills_stored_bytes_and_prices_the_geometry():
     engine.set_precision(precision)
     gu, dn = engine.store.weights[(0, 0)]
     spec = precision.expert_spec
-    assert engine.expert_bytes == spec.tensor_bytes(gu.numel()) + spec.tensor_bytes(dn.numel()) < sixteen / 3
+    assert engine.expert_bytes == spec.weight_bytes(gu.shape) + spec.weight_bytes(dn.shape) < sixteen / 3
     assert engine.precision is precision and engine.dense_ratio == precision.dense_ratio < 0.6
     assert engine.geometry.expert_bits_per_weight == pytest.approx(precision.expert_bits_per_weight(
         engine.geometry.hidden, engine.geometry.expert_intermediate))

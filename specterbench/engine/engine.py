@@ -149,7 +149,7 @@ class Engine(CacheControl):
         self.precision = precision
         self.dense_ratio, self.dense_kernel = precision.dense_ratio, precision.dense_kernel
         gu, dn = self.store.weights[(0, 0)]
-        self.store.bill_stored_bytes(precision.expert_bytes(gu.numel(), dn.numel()))
+        self.store.bill_stored_bytes(precision.expert_bytes(gu.shape, dn.shape))
         own = self.geometry is self.own_geometry
         self.own_geometry = priced_geometry(self.own_geometry, precision)
         self.geometry = self.own_geometry if own else priced_geometry(self.geometry, precision)

@@ -124,23 +124,29 @@ class Precision:
             parts.append(f"dense {self.dense_spec.label()}")
         return " + ".join(parts)
 
-    def expert_bytes(self, gate_up_numel: int, down_numel: int, dtype_bytes: int = 2) -> int:
-        """Stored bytes of one expert of these sizes (packed codes plus metadata; 16-bit when unquantized)."""
+    def expert_bytes(self, gate_up_shape, down_shape, dtype_bytes: int = 2) -> int:
+        """Stored bytes of one expert with weights of these shapes ([2I, H], [H, I]): packed codes plus group
+        metadata as the draft work's packing stores them (:meth:`QuantSpec.weight_bytes`); 16-bit unquantized."""
         spec = self.expert_spec
         if spec is None:
-            return (gate_up_numel + down_numel) * dtype_bytes
-        return spec.tensor_bytes(gate_up_numel) + spec.tensor_bytes(down_numel)
+            return (_numel(gate_up_shape) + _numel(down_shape)) * dtype_bytes
+        return spec.weight_bytes(tuple(gate_up_shape)) + spec.weight_bytes(tuple(down_shape))
 
     def expert_bits_per_weight(self, hidden: int, intermediate: int) -> float:
         """Stored bits per weight of one expert of ``hidden`` x ``intermediate`` (gate_up [2I, H], down [H, I])."""
-        n_gu, n_dn = 2 * intermediate * hidden, hidden * intermediate
-        return 8 * self.expert_bytes(n_gu, n_dn) / (n_gu + n_dn)
+        gu, dn = (2 * intermediate, hidden), (hidden, intermediate)
+        return 8 * self.expert_bytes(gu, dn) / (_numel(gu) + _numel(dn))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 BF16 = Precision()
+
+
+def _numel(shape) -> int:
+    rows, cols = shape
+    return rows * cols
 
 
 def priced_geometry(geometry: Geometry, precision: Precision) -> Geometry:
