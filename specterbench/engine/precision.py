@@ -14,9 +14,12 @@ and a ``bits``-bit zero per group), and ``--dense-bits 16|8|4`` its attention, s
 - **A self-draft must sit below the target**: a speculative strategy whose draft has as many bits as the target's
   experts (or more) refuses in one line.
 
+Prices: the target's experts and dense weights run with their format's kernel (:func:`specterbench.engine.kernels.
+kernel_for`), at their stored bytes over 16-bit, as drafts do.
+
 Where the weights live: the engine keeps the quantized values in the compute dtype (host RAM on a CPU run; the
-device slots of a CUDA run are allocated at that dtype too) while every byte figure is the packed one — as for the
-drafts (engine/draft.py). Packed device slots dequantized per expert are the draft storage's work (engine/draft.py).
+device slots of a CUDA run are allocated at that dtype too) while every byte figure is the packed one. The drafts'
+packed storage (:mod:`specterbench.engine.packing`) is not used by the expert store yet.
 """
 
 from __future__ import annotations
