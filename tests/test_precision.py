@@ -122,3 +122,16 @@ def test_set_precision_bills_stored_bytes_and_prices_the_geometry():
     assert engine.precision is precision and engine.dense_ratio == precision.dense_ratio < 0.6
     assert engine.geometry.expert_bits_per_weight == pytest.approx(precision.expert_bits_per_weight(
         engine.geometry.hidden, engine.geometry.expert_intermediate))
+
+
+def test_a_sweep_grid_takes_the_precision_for_every_cell_and_its_own_reference(host):
+    from specterbench.bench.grid import expand, parse_grid, reference_key
+
+    grid = parse_grid({"models": [MODEL], "strategies": ["lru"], "budgets": ["50%"], "tokens": 4, "prompts": 1,
+                       "expert_bits": 4, "dense_bits": 8})
+    cells = expand(grid, host)
+    assert {c.config.precision.label() for c in cells} == {"experts int4/g128 + dense int8/g64"}
+    assert all(c.key.endswith("experts int4/g128 + dense int8/g64") for c in cells)
+    assert reference_key(cells[0].config)[-1] == "experts int4/g128 + dense int8/g64"
+    with pytest.raises(UsageError, match="unknown precision --expert-bits"):
+        parse_grid({"models": [MODEL], "strategies": ["lru"], "budgets": ["50%"], "expert_bits": 5})
