@@ -405,8 +405,11 @@ def test_a_misspelled_decision_point_is_refused_at_registration(cli, host):
             register(Typo)
 
     host.register(P(), "typo-victim-plugin")
-    line = refused(cli, "run", *FAST, "--strategies", "typo-victim")
-    assert "choose_victm" in line and "choose_victim" in line
+    code, _, err = cli("run", *FAST, "--strategies", "typo-victim")
+    (warning,) = warning_lines(err)
+    assert "choose_victm" in warning and "choose_victim" in warning
+    (line,) = [line for line in err.splitlines() if line.startswith("specterbench: error:")]
+    assert code == 2 and "refused at registration" in line and "choose_victm" in line
 
 
 def test_the_pytest_plugin_survives_a_parent_folder_named_specterbench(tmp_path):
