@@ -85,10 +85,19 @@ def run_config(args, host):
 
     if args.tokens <= 0:
         raise UsageError(f"--tokens must be a positive number of new tokens, got {args.tokens}")
-    strategies = host.strategies().names() if args.strategies in ("all", "") else _csv(args.strategies)
+    if args.strategies.strip() in ("", ","):
+        raise UsageError("--strategies is empty; name strategies (e.g. --strategies lru,specter) or give 'all'")
+    if not _csv(args.model):
+        raise UsageError("--model is empty; name a model (e.g. --model tiny-qwen-moe; `specterbench list` shows "
+                         "them)")
+    if not _csv(args.budgets):
+        raise UsageError("--budgets is empty; give e.g. --budgets 35%,50%")
+    strategies = host.strategies().names() if args.strategies == "all" else _csv(args.strategies)
+    budgets = _fold("--budgets", [parse_budget(b) for b in _csv(args.budgets)], key=lambda b: b.key(),
+                    show=lambda b: b.text)
     config = BenchConfig(
-        models=_csv(args.model), strategies=tuple(strategies),
-        budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile_name, clock=args.clock,
+        models=_fold("--model", _csv(args.model)), strategies=_fold("--strategies", strategies),
+        budgets=budgets, profile=args.profile_name, clock=args.clock,
         geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
@@ -101,6 +110,24 @@ def run_config(args, host):
     return config
 
 
+def _fold(flag: str, values, key=lambda v: v, show=lambda v: v) -> tuple:
+    """``values`` without repeats, with one note per repeat: ``--strategies lru,lru`` runs lru once (a cell twice
+    would be measured and stored twice)."""
+    out, seen = [], {}
+    for value in values:
+        k = key(value)
+        if k in seen:
+            from specterbench.plugins.host import warn
+
+            first = show(seen[k])
+            same = f"{show(value)!r} is {first!r} again" if show(value) != first else f"{first!r} twice"
+            warn(f"{flag} names {same}; it runs once")
+            continue
+        seen[k] = value
+        out.append(value)
+    return tuple(out)
+
+
 def _run_folder(args, argv: list[str], host) -> Path:
     """The run folder; with ``--resume`` the saved options of ``run.json`` are restored into ``args`` (an
     explicit option that differs is refused). Local files (``--profile PATH``, ``--model-path``) are registered."""
@@ -108,9 +135,8 @@ def _run_folder(args, argv: list[str], host) -> Path:
 
     if args.resume:
         run_dir = Path(args.resume)
-        if not run_dir.is_dir():
-            raise UsageError(f"--resume {run_dir}: no such run folder; give the folder a run was written to "
-                             f"(results/<run-id>)")
+        out = args.out if "out" in rundir.explicit_dests(argv, ["out"]) else None
+        rundir.check_resume_target(run_dir, "run", {"run_id": args.run_id, "out_explicit": out})
         options = vars(args)
         explicit = rundir.explicit_dests(argv, [d for d in options if d not in rundir.NOT_SAVED])
         for key, value in rundir.resume_options(run_dir, options, explicit).items():
@@ -168,7 +194,23 @@ def cmd_run(args) -> int:
     argv = getattr(args, "argv", [])
     run_dir = _run_folder(args, argv, host)
     config = run_config(args, host)
+    created = not run_dir.exists()
     _writable(run_dir)
+    try:
+        return _run_in(args, host, config, run_dir)
+    except SpecterbenchError:
+        if created and not (run_dir / rundir.ROWS).exists():  # refused before its first row: leave nothing behind
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _run_in(args, host, config, run_dir: Path) -> int:
+    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.bench import rundir
+    from specterbench.bench.runner import Runner
+
     with rundir.RunLock(run_dir):
         if args.resume:
             rundir.repair_rows(run_dir)
@@ -201,7 +243,7 @@ def cmd_run(args) -> int:
         from specterbench.bench.reference import workload_lines
         from specterbench.bench.results import read_rows
 
-        rows = read_rows(rows_path)
+        rows = read_rows(rows_path, allow_empty=True)
         summary = write_summary(run_dir, rows)
         print(render_markdown(rows), end="")
         for line in workload_lines(run_dir):
@@ -231,6 +273,15 @@ def _run_folder_arg(path: str) -> Path:
     return p
 
 
+def _flag_integrity(rows, run_dir: Path) -> None:
+    """One warning per integrity problem of a run folder's rows (a duplicated cell, a foreign run id)."""
+    from specterbench.bench.results import integrity_problems
+    from specterbench.plugins.host import warn
+
+    for problem in integrity_problems(rows, run_dir / "rows.jsonl"):
+        warn(problem)
+
+
 def cmd_report(args) -> int:
     from specterbench.analysis.report import render_markdown, write_summary
     from specterbench.bench.results import read_rows
@@ -239,6 +290,7 @@ def cmd_report(args) -> int:
 
     run_dir = _run_folder_arg(args.run_dir)
     rows = read_rows(run_dir, on_error=args.on_error)
+    _flag_integrity(rows, run_dir)
     path = write_summary(run_dir, rows)
     print(render_markdown(rows), end="")
     print(f"summary: {path}")
@@ -253,6 +305,9 @@ def cmd_overhead(args) -> int:
     for flag, value in (("--tokens", args.tokens), ("--prompts", args.prompts), ("--threads", args.threads)):
         if value <= 0:
             raise UsageError(f"{flag} must be positive, got {value}")
+    from specterbench.bench.runner import check_threads
+
+    check_threads(args.threads)
 
     r = measure_overhead(get_host(), args.model, prompts=args.prompts, tokens=args.tokens, threads=args.threads)
     print(f"model {r.model}: {r.prompts} prompts x {r.tokens} tokens, greedy, host wall time, {args.threads} thread(s)")
@@ -270,6 +325,8 @@ def cmd_compare(args) -> int:
 
     base = read_rows(_run_folder_arg(args.base), on_error=args.on_error)
     new = read_rows(_run_folder_arg(args.new), on_error=args.on_error)
+    _flag_integrity(base, Path(args.base))
+    _flag_integrity(new, Path(args.new))
     if not 0 < args.alpha < 1:
         raise UsageError(f"--alpha {args.alpha} must be in (0, 1), e.g. 0.05")
     df = compare_runs(base, new, alpha=args.alpha, metrics=_csv(args.metrics) or None,

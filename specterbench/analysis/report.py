@@ -88,6 +88,11 @@ def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
     from specterbench.bench.reference import workload_lines
 
     lines += [f"{line}." for line in workload_lines(run_dir)]
+    from specterbench.bench.results import integrity_problems
+
+    problems = integrity_problems(rows, run_dir / "rows.jsonl")
+    if problems:
+        lines += ["", "**Integrity:** " + " ".join(f"{p}." for p in problems)]
     lines += ["", render_markdown(rows), "", "## Link bytes: engine ledger vs NVML PCIe counters", ""]
     notes = {r.nvml_note for r in rows if r.nvml_h2d_bytes is None and r.status == "ok"}
     counted = [r for r in rows if r.nvml_h2d_bytes is not None]

@@ -68,7 +68,7 @@ class Sweep:
         done: set[str] = set()
         rows_path = self.run_dir / "rows.jsonl"
         if self.resume and rows_path.exists():
-            done = {r.cell for r in read_rows(rows_path, on_error="skip") if r.status != "error"}
+            done = {r.cell for r in read_rows(rows_path, on_error="skip", allow_empty=True) if r.status != "error"}
         todo = [c for c in self.cells if c.key not in done]
         shared: dict[tuple, SharedJob] = {}
         needs = {}
