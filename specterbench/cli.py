@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -64,19 +65,29 @@ def add_decode_arguments(parser, default=None) -> None:
     parser.add_argument("--decode", default=default.mode, help=f"how tokens are chosen: {' | '.join(DECODE_MODES)} "
                         f"(default {default.mode}; sample: Gumbel-max noise tied to seed, prompt and position, "
                         "shared by the reference, every strategy and every draft)")
-    parser.add_argument("--temperature", type=float, default=default.temperature,
-                        help=f"sampling temperature, in (0, 5] (default {default.temperature:g})")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"sampling temperature, in (0, 5] (default {DEFAULT_DECODE.temperature:g}); sample only")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (k >= 1)")
 
 
 def decode_setting(args):
     """The :class:`DecodeSetting` of parsed ``add_decode_arguments`` options (a bad value is a UsageError)."""
-    from specterbench.engine.sampling import DecodeSetting
+    from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 
     if args.decode == "greedy":
+        from specterbench.bench.rundir import explicit_dests
+
+        argv = getattr(args, "argv", None)  # what this command line gives (a resumed run's saved values are not)
+        explicit = explicit_dests(argv, ["temperature", "top_p", "top_k"]) if argv is not None else None
+        given = [flag for flag, dest in (("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"))
+                 if getattr(args, dest) is not None and (explicit is None or dest in explicit)]
+        if given:
+            raise UsageError(f"{given[0]} shapes sampling, but --decode is greedy (the most likely token, always); "
+                             f"drop {given[0]}, or add --decode sample")
         return DecodeSetting(mode="greedy")
-    return DecodeSetting(args.decode, args.temperature, args.top_p, args.top_k, getattr(args, "seed", 0))
+    temperature = DEFAULT_DECODE.temperature if args.temperature is None else args.temperature
+    return DecodeSetting(args.decode, temperature, args.top_p, args.top_k, getattr(args, "seed", 0))
 
 
 def run_config(args, host):
@@ -244,13 +255,14 @@ def _run_in(args, host, config, run_dir: Path) -> int:
         from specterbench.bench.results import read_rows
 
         rows = read_rows(rows_path, allow_empty=True)
-        summary = write_summary(run_dir, rows)
         print(render_markdown(rows), end="")
         for line in workload_lines(run_dir):
             print(line)
-        print(f"rows: {rows_path}\nsummary: {summary}")
-        for plot in write_plots(run_dir, rows):
-            print(f"plot: {plot}")
+        print(f"rows: {rows_path}")
+        with _report_files(run_dir, f"specterbench report {run_dir}"):
+            print(f"summary: {write_summary(run_dir, rows)}")
+            for plot in write_plots(run_dir, rows):
+                print(f"plot: {plot}")
     if interrupted:
         print(f"specterbench: interrupted; {len(runner.rows)} finished rows kept in {run_dir}; continue with "
               f"--resume {run_dir}", file=sys.stderr)
@@ -273,6 +285,17 @@ def _run_folder_arg(path: str) -> Path:
     return p
 
 
+@contextlib.contextmanager
+def _report_files(run_dir: Path, again: str):
+    """Writing summary.md and the plots: a full disk or an unwritable folder is one line (the rows are kept)."""
+    try:
+        yield
+    except OSError as err:
+        raise UsageError(f"writing {err.filename or run_dir} failed ({err.strerror or err}); the rows in "
+                         f"{run_dir / 'rows.jsonl'} are kept; free space, then write the summary and plots with "
+                         f"{again}") from None
+
+
 def _flag_integrity(rows, run_dir: Path) -> None:
     """One warning per integrity problem of a run folder's rows (a duplicated cell, a foreign run id)."""
     from specterbench.bench.results import integrity_problems
@@ -291,11 +314,11 @@ def cmd_report(args) -> int:
     run_dir = _run_folder_arg(args.run_dir)
     rows = read_rows(run_dir, on_error=args.on_error)
     _flag_integrity(rows, run_dir)
-    path = write_summary(run_dir, rows)
     print(render_markdown(rows), end="")
-    print(f"summary: {path}")
-    for plot in write_plots(run_dir, rows):
-        print(f"plot: {plot}")
+    with _report_files(run_dir, f"specterbench report {run_dir}"):
+        print(f"summary: {write_summary(run_dir, rows)}")
+        for plot in write_plots(run_dir, rows):
+            print(f"plot: {plot}")
     return 0
 
 

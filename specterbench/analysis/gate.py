@@ -174,9 +174,13 @@ def cmd_gate(args) -> int:
                              for problem in integrity_problems(dir_rows, Path(d) / "rows.jsonl"))
     print(render(result, passes=not args.failures_only), end="")
     if getattr(args, "json", None):
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False) + "\n",
-                                   encoding="utf-8")
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False) + "\n",
+                                       encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"cannot write --json {args.json} ({err.strerror or err}); give a writable path (and "
+                             f"check free disk space); the verdict above stands") from None
     return result.exit_code
 
 

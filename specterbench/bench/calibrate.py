@@ -230,8 +230,9 @@ def _check_positive(kind: str, data: dict, fields) -> None:
         v = data[f]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
-        if not v > 0:
-            raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
+        if not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"profile file: [{kind}] {f} must be a finite number > 0, got {v!r}; re-run "
+                             f"specterbench calibrate")
 
 
 def load_profile_file(path) -> tuple[HardwareProfile, HostProfile | None]:
@@ -338,6 +339,13 @@ def cmd_calibrate(args) -> int:
     device = check_device(args.device)
     if args.threads is not None and args.threads <= 0:
         raise UsageError(f"--threads must be positive, got {args.threads}")
+    if args.threads is not None:
+        from specterbench.bench.runner import check_threads
+
+        check_threads(args.threads)
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a folder; give the profile file to write, e.g. "
+                         f"{Path(args.out) / 'profile.toml'}")
     try:
         hidden, inter = (int(x) for x in args.shape.split(","))
     except ValueError:
@@ -346,7 +354,11 @@ def cmd_calibrate(args) -> int:
         raise UsageError(f"--shape {args.shape!r}: both sizes must be positive")
     cal = calibrate(device, dtype=getattr(torch, args.dtype), quick=args.quick, threads=args.threads, name=args.name,
                     hidden=hidden, inter=inter)
-    path = write_profile_file(cal, args.out)
+    try:
+        path = write_profile_file(cal, args.out)
+    except OSError as err:
+        raise UsageError(f"cannot write --out {args.out} ({err.strerror or err}); give a writable file (and check "
+                         f"free disk space), then calibrate again") from None
     p, h, m = cal.profile, cal.host, cal.measured
     print(f"profile {p.name}: {p.accelerator}")
     for n, t in zip(m["copy_bytes"], m["copy_seconds"]):

@@ -81,9 +81,13 @@ def cmd_sweep(args) -> int:
             host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=result.rows if result else [])
     rows_path = run_dir / "rows.jsonl"
     if rows_path.exists():
-        summary = write_summary(run_dir)
-        print(render_markdown(read_rows(rows_path)), end="")
-        print(f"rows: {rows_path}\nsummary: {summary}")
+        from specterbench.cli import _report_files
+
+        rows = read_rows(rows_path, allow_empty=True)
+        print(render_markdown(rows), end="")
+        print(f"rows: {rows_path}")
+        with _report_files(run_dir, f"specterbench report {run_dir}"):
+            print(f"summary: {write_summary(run_dir, rows)}")
     if result.interrupted:
         print(f"specterbench: interrupted; {len(result.rows)} finished rows kept in {run_dir}; continue with "
               f"specterbench sweep {args.grid} --resume {run_dir}", file=sys.stderr)

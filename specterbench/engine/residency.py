@@ -47,7 +47,7 @@ class CacheControl:
         running layer is routed to cannot be evicted before the layer has computed it (from ``before_layer``,
         ``on_miss`` or ``place_miss``)."""
         slot = self.cache.get(key)
-        if slot is not None and self._routed_guard and key in self._pending:
+        if slot is not None and self._routed_guard and key in self._pending and key != self.cache.in_use:
             raise EngineViolation(f"evicting expert {key}, which the running layer is routed to and has not computed "
                                   f"yet, is refused (spare the layer's experts, engine.routing.experts, or evict "
                                   f"from after_layer)")

@@ -288,10 +288,10 @@ class PluginHost:
         return self._registry("model", "specterbench_register_models", lambda spec: spec.name)
 
     def profiles(self) -> Registry:
-        return self._registry("profile", "specterbench_register_profiles", lambda p: p.name)
+        return self._registry("profile", "specterbench_register_profiles", lambda p: p.name, check_figures)
 
     def host_profiles(self) -> Registry:
-        return self._registry("host profile", "specterbench_register_host_profiles", lambda p: p.name)
+        return self._registry("host profile", "specterbench_register_host_profiles", lambda p: p.name, check_figures)
 
     def hooks_of(self, name: str) -> list[str]:
         plugin = self.pm.get_plugin(name)
@@ -318,6 +318,20 @@ def check_strategy(cls, plugin: PluginInfo) -> list[str]:
     from specterbench.plugins.checks import strategy_problems
 
     return strategy_problems(cls, plugin.name)
+
+
+def check_figures(profile, plugin: PluginInfo) -> list[str]:
+    """A profile's numbers must be finite and not negative (``inf`` FLOP/s would price every kernel at zero)."""
+    import dataclasses
+    import math
+
+    if not dataclasses.is_dataclass(profile):
+        return []
+    return [f"plugin {plugin.name!r}: {_owner(profile)} {getattr(profile, 'name', '?')!r} has {f.name} = "
+            f"{getattr(profile, f.name)!r}; give a finite number >= 0"
+            for f in dataclasses.fields(profile)
+            if isinstance(getattr(profile, f.name), float) and not (math.isfinite(getattr(profile, f.name))
+                                                                    and getattr(profile, f.name) >= 0)]
 
 
 def _owner(obj) -> str:
