@@ -155,6 +155,9 @@ def _run_folder(args, argv: list[str], host) -> Path:
         _local_files(args, host, argv)
         return run_dir
     _local_files(args, host, argv)
+    if not _csv(args.model):
+        raise UsageError("--model is empty; name a model (e.g. --model tiny-qwen-moe; `specterbench list` shows "
+                         "them)")
     run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + _csv(args.model)[0].replace("local:", "")
     if "/" in run_id or run_id in ("", ".", ".."):
         raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")
