@@ -32,13 +32,17 @@ GATE_MODELS ?= tiny-mixtral,tiny-qwen-moe,tiny-deepseek
 GATE_STRATEGIES ?= on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,spec-decode,specmoeoff,specter
 GATE_RUN_ARGS ?= --geometry auto --strategies $(GATE_STRATEGIES) \
   --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 32 --prompts 4 --seed 0 \
-  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) --quiet
+  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE))
 GATE_JOBS ?= 2
 GATE_JSON ?= results/gate.json
-# $(call GATE_GRID,<name>): the grid into results/<name>-<model>/, logs in results/gate-logs/ (shown when a run breaks)
+# $(call GATE_GRID,<name>): the grid into results/<name>-<model>/, logs in results/gate-logs/ (shown when a run breaks);
+# each run's progress lines ("cell 3/27 · … · eta 1m40s") reach the terminal too, prefixed with the model
+GATE_LOG = results/gate-logs/$(1)-{}
 GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_MODELS)' | tr , '\n' | \
-  xargs -P $(GATE_JOBS) -I{} sh -c '$(BIN)/specterbench run --model {} $(GATE_RUN_ARGS) --out results \
-  --run-id $(1)-{} > results/gate-logs/$(1)-{}.log 2>&1 || test $$? -eq 1 || { cat results/gate-logs/$(1)-{}.log; exit 2; }'
+  xargs -P $(GATE_JOBS) -I{} sh -c ': > $(GATE_LOG).log; { $(BIN)/specterbench run --model {} $(GATE_RUN_ARGS) \
+  --out results --run-id $(1)-{} 2>&1 >> $(GATE_LOG).log; echo $$? > $(GATE_LOG).rc; } | tee -a $(GATE_LOG).log | \
+  sed -u "s/^/[{}] /"; rc=$$(cat $(GATE_LOG).rc); test $$rc -eq 0 || test $$rc -eq 1 || \
+  { cat $(GATE_LOG).log; exit 2; }'
 # bench-wallclock-compare: fail when the geometric mean over all benchmarks of new/previous fastest-round time,
 # divided by a machine-speed probe's ratio (load on a shared machine), exceeds this
 WALLCLOCK_STAT ?= min

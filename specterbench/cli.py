@@ -258,7 +258,7 @@ def _run_in(args, host, config, run_dir: Path) -> int:
         from specterbench.bench.results import read_rows
 
         rows = read_rows(rows_path, allow_empty=True)
-        print(render_markdown(rows), end="")
+        print(render_markdown(rows, wide=getattr(args, "wide", False)), end="")
         for line in workload_lines(run_dir):
             print(line)
         print(f"rows: {rows_path}")
@@ -317,7 +317,7 @@ def cmd_report(args) -> int:
     run_dir = _run_folder_arg(args.run_dir)
     rows = read_rows(run_dir, on_error=args.on_error)
     _flag_integrity(rows, run_dir)
-    print(render_markdown(rows), end="")
+    print(render_markdown(rows, wide=getattr(args, "wide", False)), end="")
     with _report_files(run_dir, f"specterbench report {run_dir}"):
         print(f"summary: {write_summary(run_dir, rows)}")
         for plot in write_plots(run_dir, rows):
@@ -410,6 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-warmup", action="store_true")
     add_decode_arguments(s)
     s.add_argument("--quiet", action="store_true")
+    s.add_argument("--wide", action="store_true", help="print every column of the table (default: a compact table "
+                   "that fits 160 columns; summary.md always has every column)")
     s.set_defaults(func=cmd_run)
 
     from specterbench.quality.evaluate import add_parser as add_eval_parser
@@ -428,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="rewrite summary.md and plots of a run and print its table")
     s.add_argument("run_dir")
     s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
+    s.add_argument("--wide", action="store_true", help="print every column of the table")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("compare", help="per-metric deltas between two runs, with direction and significance")

@@ -25,7 +25,7 @@ LOCK = ".lock"
 PARTIAL = "rows.jsonl.partial"
 RUN_JSON_VERSION = 1
 # parsed options that do not shape the cells: never saved, never a conflict on resume
-NOT_SAVED = frozenset({"func", "command", "debug", "out", "run_id", "resume", "quiet", "argv", "profile_name"})
+NOT_SAVED = frozenset({"func", "command", "debug", "out", "run_id", "resume", "quiet", "wide", "argv", "profile_name"})
 FLAG_ALIASES = {"--strategy": "strategies"}
 
 

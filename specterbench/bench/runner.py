@@ -95,6 +95,36 @@ class BenchConfig:
 WARMUP_TEXT = ("Sometime too hot the eye of heaven shines, and often is his gold complexion dimm'd; and every fair "
                "from fair sometime declines, by chance or nature's changing course untrimm'd.")
 
+class CellProgress:
+    """``cell 3/16 · tiny-qwen-moe · specter @ 35% · eta 2m10s``: one line per cell as it starts (on a terminal and
+    in a log alike), the ETA from the mean time of the cells finished so far in this process."""
+
+    def __init__(self, total: int, say: Callable[[str], None]):
+        self.total, self.say, self.n = total, say, 0
+        self.first: float | None = None
+
+    def start(self, what: str) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        eta = ""
+        if self.n:
+            left = (now - self.first) / self.n * (self.total - self.n)
+            eta = f" · eta {format_seconds(left)}"
+        self.n += 1
+        self.say(f"cell {self.n}/{self.total} · {what}{eta}")
+
+
+def format_seconds(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def check_threads(threads: int) -> None:
     """Refuse more host threads than this machine has (OpenMP aborts the process on some counts)."""
     import os
@@ -256,12 +286,13 @@ class Runner:
         torch.set_num_threads(cfg.threads)
         texts = load_prompts(cfg.workload, cfg.prompts)
         check_workload_size(cfg.workload, cfg.prompts, texts)  # before any model loads
-        for model_name in dict.fromkeys(cfg.models):  # a model named twice runs once
-            engine = self.load_engine(model_name)
-            self.check_budgets(engine)
-            todo = [c for c in self.cells(model_name) if c[0] not in self.done]
+        plan = {m: [c for c in self.cells(m) if c[0] not in self.done] for m in dict.fromkeys(cfg.models)}
+        eta = CellProgress(sum(len(todo) for todo in plan.values()), self.progress)
+        for model_name, todo in plan.items():  # a model named twice runs once
             if not todo:
                 continue
+            engine = self.load_engine(model_name)
+            self.check_budgets(engine)
             prompts = encode_prompts(engine, texts, cfg.max_prompt_tokens)
             check_context(engine, prompts, cfg.tokens)
             reference = self.record_reference(engine, prompts)
@@ -271,7 +302,8 @@ class Runner:
             for key, sname, cls, budget, repeat in todo:
                 if cls.uses_calibration and calibration is None:
                     calibration = self.calibrate(engine)
-                self.progress(f"{model_name} · {sname} @ {budget.text} (repeat {repeat})")
+                eta.start(f"{model_name} · {strategy_label(sname, cfg.strategy_options.get(sname))} @ {budget.text}"
+                          + (f" (repeat {repeat})" if cfg.repeats > 1 else ""))
                 row = self.run_cell(engine, key, sname, cls, budget, repeat, prompts, reference, calibration)
                 self.writer.append(row)
                 self.rows.append(row)

@@ -22,6 +22,7 @@ def add_sweep_parser(sub) -> None:
     s.add_argument("--run-id")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue a sweep, skipping finished cells")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--wide", action="store_true", help="print every column of the table")
     s.set_defaults(func=cmd_sweep)
 
 
@@ -84,7 +85,7 @@ def cmd_sweep(args) -> int:
         from specterbench.cli import _report_files
 
         rows = read_rows(rows_path, allow_empty=True)
-        print(render_markdown(rows), end="")
+        print(render_markdown(rows, wide=args.wide), end="")
         print(f"rows: {rows_path}")
         with _report_files(run_dir, f"specterbench report {run_dir}"):
             print(f"summary: {write_summary(run_dir, rows)}")
