@@ -134,8 +134,9 @@ def test_resume_with_a_conflicting_option_names_the_field(cli, tmp_path, finishe
 def test_sweep_resume_sets_a_cut_last_line_aside(cli, tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(f'models = ["{MODEL}"]\nstrategies = ["lru"]\nbudgets = ["50%"]\ntokens = 2\nprompts = 1\n')
-    code, _, err = cli("sweep", grid, "--out", tmp_path, "--run-id", "s", "--jobs", "1", "--quiet")
+    code, _, err = cli("sweep", grid, "--out", tmp_path, "--run-id", "s", "--jobs", "1")
     assert code == 0, err
+    assert f"· cell 1/1 done · {MODEL} · lru @ 50% · ok" in err  # a log gets one line per cell, no bar
     run_dir = tmp_path / "s"
     with open(run_dir / "rows.jsonl", "ab") as f:
         f.write(b'{"run_id": "s", "cell": "cut')  # a full disk stopped this write

@@ -69,7 +69,7 @@ COMPACT = ("model", "strategy", "budget", "TPOT ms", "TPOT mean ms", "TTFT ms", 
            "stall ms/tok", "lossless", "status")
 #: columns shown once, in a header line above the compact table, when every row has the same value
 SHARED = ("model", "clock", "workload", "tokens")
-STATUS_WIDTH = 48  # a failed row's reason, cut to fit a 160-column terminal (summary.md has it whole)
+STATUS_WIDTH = 24  # a failed row's reason, cut to fit a 160-column terminal (summary.md has it whole)
 
 
 def render_markdown(rows: list[ResultRow], wide: bool = False) -> str:
