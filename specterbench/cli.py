@@ -158,6 +158,8 @@ def _run_folder(args, argv: list[str], host) -> Path:
     if not _csv(args.model):
         raise UsageError("--model is empty; name a model (e.g. --model tiny-qwen-moe; `specterbench list` shows "
                          "them)")
+    if args.run_id is not None and not args.run_id.strip():
+        raise UsageError("--run-id is empty; name the run folder, or leave --run-id out for a dated one")
     run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + _csv(args.model)[0].replace("local:", "")
     if "/" in run_id or run_id in ("", ".", ".."):
         raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")

@@ -442,6 +442,31 @@ def test_the_lm_eval_wrapper_refuses_what_lm_eval_would_accept_silently(capsys, 
     assert "Traceback" not in err and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--run-id", "a/b"], "must be a plain folder name"),
+    (["--run-id", ""], "must be a plain folder name"),
+    (["--retries", "2"], "--retries is for --executor ray"),
+    (["--jobs", "0"], "--jobs must be positive"),
+])
+def test_a_bad_sweep_option_is_one_line_before_anything_runs(cli, tmp_path, args, message):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'models = ["{MODEL}"]\nstrategies = ["lru"]\nbudgets = ["50%"]\n')
+    assert message in refused(cli, "sweep", grid, "--out", tmp_path / "out", *args)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "--model", MODEL, "--drafts", ","], "--drafts is empty"),
+    (["calibrate", "--name", " "], "--name is empty"),
+    (["run", *FAST, "--run-id", ""], "--run-id is empty"),
+])
+def test_an_empty_name_is_refused_not_taken_for_the_default(cli, tmp_path, monkeypatch, args, message):
+    import specterbench.quality.eval_cli as eval_cli
+
+    monkeypatch.setattr(eval_cli, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
+    assert message in refused(cli, *args, "--out", tmp_path / "out")
+
+
 def test_a_greedy_grid_with_a_temperature_is_refused(cli, tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(f'models = ["{MODEL}"]\nstrategies = ["lru"]\nbudgets = ["50%"]\ndecode = "greedy"\n'

@@ -343,6 +343,8 @@ def cmd_calibrate(args) -> int:
         from specterbench.bench.runner import check_threads
 
         check_threads(args.threads)
+    if args.name is not None and not args.name.strip():
+        raise UsageError("--name is empty; name the profile (what --profile selects), or leave --name out")
     if Path(args.out).is_dir():
         raise UsageError(f"--out {args.out} is a folder; give the profile file to write, e.g. "
                          f"{Path(args.out) / 'profile.toml'}")

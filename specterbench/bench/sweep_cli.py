@@ -41,6 +41,9 @@ def cmd_sweep(args) -> int:
     else:
         if args.address:
             raise UsageError("--address is for --executor ray")
+        if args.retries:
+            raise UsageError("--retries is for --executor ray (the local pool reruns a cell whose worker died once, "
+                             "by itself); drop it or add --executor ray")
         executor = LocalExecutor(args.jobs)
     if args.resume:
         from specterbench.bench.rundir import check_resume_target, check_same_grid, explicit_dests
@@ -50,6 +53,9 @@ def cmd_sweep(args) -> int:
         check_resume_target(run_dir, "sweep", {"run_id": args.run_id, "out_explicit": out})
         check_same_grid(run_dir, args.grid)
     else:
+        if args.run_id is not None and (not args.run_id.strip() or "/" in args.run_id or args.run_id in (".", "..")):
+            raise UsageError(f"--run-id {args.run_id!r} must be a plain folder name (no '/'); use --out for the "
+                             f"parent")
         run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-sweep-" + Path(args.grid).stem
         run_dir = Path(args.out) / run_id
     sweep = Sweep(host, grid, run_dir, executor=executor, resume=bool(args.resume), quiet=args.quiet)

@@ -71,8 +71,11 @@ def parse_drafts(text: str | None) -> tuple[dict, ...] | None:
 
     from specterbench.engine.draft import QuantSpec
 
-    if not text:
+    if text is None:
         return None
+    if not _csv(text):
+        raise UsageError("--drafts is empty; give quantizations, e.g. --drafts int4/g128,nf4/b64, or leave it out for "
+                         "one draft row")
     out = []
     for item in _csv(text):
         item, _, dense = item.partition("+d")
