@@ -79,3 +79,17 @@ def test_the_default_table_fits_160_columns_and_says_what_every_row_shares_once(
 def test_wide_shows_every_column_and_each_row_whole():
     text = render_markdown(bench_rows(), wide=True)
     assert "TPOT p90 ms" in text and "host ms/tok" in text and "a long reason " * 12 in text
+
+
+def test_library_bars_that_do_not_choose_are_off_in_a_log_and_ours_still_choose(monkeypatch):
+    import io
+
+    from tqdm import tqdm
+
+    from specterbench.bench.progress import quiet_library_bars
+
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(tqdm, "__init__", tqdm.__init__)  # undone after the test
+    quiet_library_bars(io.StringIO())  # a log: not a terminal
+    assert tqdm(range(3), file=io.StringIO()).disable  # lm-eval's "Building contexts", datasets' loaders
+    assert not tqdm(range(3), file=io.StringIO(), disable=False).disable  # a bar that says what it wants
