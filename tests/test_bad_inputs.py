@@ -190,7 +190,7 @@ def test_a_profile_file_with_an_infinite_figure_is_refused(cli, tmp_path):
                        'link_bytes_per_s = 2.5e10\nlink_latency_us = 10.0\nlaunch_us = 5.0\n'
                        'device_memory_bytes = 4e10\n')
     line = refused(cli, "run", *FAST, "--profile", profile, "--out", tmp_path)
-    assert "flops_per_s must be a finite number > 0, got inf" in line
+    assert "flops_per_s must be > 0 and finite, got inf" in line
 
 
 def test_a_plugin_profile_with_an_infinite_figure_is_left_out(host, capsys):

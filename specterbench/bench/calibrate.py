@@ -231,7 +231,7 @@ def _check_positive(kind: str, data: dict, fields) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
         if not (v > 0 and math.isfinite(v)):
-            raise UsageError(f"profile file: [{kind}] {f} must be a finite number > 0, got {v!r}; re-run "
+            raise UsageError(f"profile file: [{kind}] {f} must be > 0 and finite, got {v!r}; re-run "
                              f"specterbench calibrate")
 
 

@@ -264,8 +264,6 @@ class PluginHost:
                 info = self.plugins[impl.plugin_name]
                 try:
                     impl.function(register=lambda obj, info=info: add(obj, info))
-                except PluginError:
-                    raise
                 except Exception as err:  # the plugin's hook itself broke: its registrations so far stay
                     reg.refuse(Refusal(kind, f"({info.name})", hook_name, info, (
                         f"plugin {info.name!r}: {hook_name} raised {type(err).__name__}: "
