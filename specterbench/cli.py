@@ -202,9 +202,7 @@ def _writable(run_dir: Path) -> None:
 
 
 def cmd_run(args) -> int:
-    from specterbench.analysis.report import render_markdown, write_summary
     from specterbench.bench import rundir
-    from specterbench.bench.runner import Runner
 
     host = get_host()
     argv = getattr(args, "argv", [])

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from specterbench import Strategy, hookimpl
-from specterbench.errors import PluginError, UsageError
+from specterbench.errors import UsageError
 from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
 from specterbench.plugins.testing import install_dist
 
