@@ -128,7 +128,7 @@ def test_every_strategy_method_engine_method_and_cost_estimate_is_exercised_by_a
     assert exercised(name.rsplit(".", 1)[-1]), f"no test calls or implements {name}; write one"
 
 
-WALKTHROUGHS = {"An ARC cache": "examples/arc/specterbench_arc/__init__.py",
+WALKTHROUGHS = {"An ARC cache": "examples/arc/specterbench_example_arc/__init__.py",
                 "A router predictor that prefetches in time":
                     "examples/router_prefetch/specterbench_router_prefetch/__init__.py",
                 "Speculative strategies": "examples/draft_verify/specterbench_draft_verify/__init__.py"}

@@ -230,10 +230,9 @@ def _check_positive(kind: str, data: dict, fields) -> None:
         v = data[f]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
-        if not math.isfinite(v):
-            raise UsageError(f"profile file: [{kind}] {f} must be finite, got {v!r}; re-run specterbench calibrate")
-        if not v > 0:
-            raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
+        if not (v > 0 and math.isfinite(v)):
+            raise UsageError(f"profile file: [{kind}] {f} must be > 0 and finite, got {v!r}; re-run "
+                             f"specterbench calibrate")
 
 
 def load_profile_file(path, *, require_profile: bool = True) -> tuple[HardwareProfile | None, HostProfile | None]:
@@ -344,6 +343,15 @@ def cmd_calibrate(args) -> int:
     device = check_device(args.device)
     if args.threads is not None and args.threads <= 0:
         raise UsageError(f"--threads must be positive, got {args.threads}")
+    if args.threads is not None:
+        from specterbench.bench.runner import check_threads
+
+        check_threads(args.threads)
+    if args.name is not None and not args.name.strip():
+        raise UsageError("--name is empty; name the profile (what --profile selects), or leave --name out")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a folder; give the profile file to write, e.g. "
+                         f"{Path(args.out) / 'profile.toml'}")
     try:
         hidden, inter = (int(x) for x in args.shape.split(","))
     except ValueError:
@@ -352,7 +360,11 @@ def cmd_calibrate(args) -> int:
         raise UsageError(f"--shape {args.shape!r}: both sizes must be positive")
     cal = calibrate(device, dtype=getattr(torch, args.dtype), quick=args.quick, threads=args.threads, name=args.name,
                     hidden=hidden, inter=inter)
-    path = write_profile_file(cal, args.out)
+    try:
+        path = write_profile_file(cal, args.out)
+    except OSError as err:
+        raise UsageError(f"cannot write --out {args.out} ({err.strerror or err}); give a writable file (and check "
+                         f"free disk space), then calibrate again") from None
     p, h, m = cal.profile, cal.host, cal.measured
     print(f"profile {p.name}: {p.accelerator}")
     for n, t in zip(m["copy_bytes"], m["copy_seconds"]):

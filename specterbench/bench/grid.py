@@ -119,6 +119,10 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
                 raise UsageError(f"{source}: {key} takes one {kind.__name__} value, got {value!r}")
             settings[key] = value
     decode = {field: data[key] for key, field in DECODE_KEYS.items() if key in data}
+    if decode.get("mode") == "greedy" and len(decode) > 1:
+        key = next(k for k, f in DECODE_KEYS.items() if f in decode and f != "mode")
+        raise UsageError(f"{source}: {key} shapes sampling, but decode = 'greedy'; drop {key}, or set decode = "
+                         f"'sample'")
     if decode:
         from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 

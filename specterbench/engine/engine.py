@@ -106,6 +106,7 @@ class Engine(CacheControl):
         self._wants_landed = False
         self._budget_bytes = self._device_bytes_left = 0
         self._pending: set = set()
+        self._routed_guard = False
         self._mark = (0.0, 0.0, 0.0)
 
     # ---- sizes -------------------------------------------------------------------------------------
@@ -324,11 +325,15 @@ class Engine(CacheControl):
         self.current_layer, self.current_hidden = layer, hidden
         self.routing = LayerRouting(layer, hidden, top_k_index, top_k_weights, groups, self.gates[layer])
         self._deliver_landed()
-        self.strategy.before_layer(layer, groups.experts, groups.tokens_per_expert)
         self._pending = {(layer, e) for e in groups.experts}
-        outputs: dict = {}
-        self.host_placed_s = 0.0
-        elsewhere = moe_layer.place(self, layer, groups)
+        self._routed_guard = True  # until placed, the strategy may not evict what this layer is routed to
+        try:
+            self.strategy.before_layer(layer, groups.experts, groups.tokens_per_expert)
+            outputs: dict = {}
+            self.host_placed_s = 0.0
+            elsewhere = moe_layer.place(self, layer, groups)
+        finally:
+            self._routed_guard = False
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
         moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
         moe_layer.join_host(self, jobs, hidden, outputs)

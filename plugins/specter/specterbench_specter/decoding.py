@@ -163,6 +163,10 @@ class SpeculativeDecoding(Strategy):
             self.k_profile[k] = statistics.mean(tpots) * 1e3  # mean per-prompt TPOT, ms (as the artifact)
         self.k = min(self.k_profile, key=self.k_profile.get)
 
+    def on_warmup_end(self):
+        """The runner's warm-up request is over: what was learned (the depth) stays, the counters restart."""
+        self.reset_metrics()
+
     def reset_metrics(self):
         self.windows = self.proposed = self.accepted = 0
         self.accepted_lengths: list[int] = []

@@ -112,6 +112,12 @@ class Specter(SpeculativeDecoding):
         self.predictions = []
         self.host_calls = self.fetch_calls = 0
 
+    def on_warmup_end(self):
+        """The warm-up is over: the governor keeps what it learned; window, host and fetch counters restart."""
+        super().on_warmup_end()
+        self.predictions = []
+        self.host_calls = self.fetch_calls = 0
+
     def load_residents(self, engine, calibration) -> None:
         """Frequency-aware residency: the cache starts with the calibration set's most popular experts (all
         slots but one layer's top-k, as cpu-experts pins them); they are given up least popular first."""
