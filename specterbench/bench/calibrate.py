@@ -230,9 +230,10 @@ def _check_positive(kind: str, data: dict, fields) -> None:
         v = data[f]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
-        if not (v > 0 and math.isfinite(v)):
-            raise UsageError(f"profile file: [{kind}] {f} must be > 0 and finite, got {v!r}; re-run "
-                             f"specterbench calibrate")
+        if not math.isfinite(v):
+            raise UsageError(f"profile file: [{kind}] {f} must be finite, got {v!r}; re-run specterbench calibrate")
+        if not v > 0:
+            raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
 
 
 def load_profile_file(path, *, require_profile: bool = True) -> tuple[HardwareProfile | None, HostProfile | None]:
