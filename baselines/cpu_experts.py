@@ -79,6 +79,9 @@ class CpuExperts(StaticPlacement):
             self.fetch_calls += 1
         return place
 
+    def on_warmup_end(self):
+        self.host_calls = self.fetch_calls = 0
+
     def metrics(self):
         m = {"host_threads": self.threads, "host_rule": self.rule, "host_calls": self.host_calls,
              "fetch_calls": self.fetch_calls}

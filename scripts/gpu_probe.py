@@ -193,7 +193,7 @@ def packed_draft() -> None:
         draft = QuantizedExperts(engine, spec)
         torch.cuda.synchronize()
         grew = torch.cuda.memory_allocated() - before
-        say(f"- {spec.label()}: kernel {draft.kernel}; allocated {grew} B (storage {draft.allocated_bytes()} B), "
+        say(f"- {spec.label()}: kernel {draft.runs}; allocated {grew} B (storage {draft.allocated_bytes()} B), "
             f"charged {draft.nbytes} B")
         check(draft.allocated_bytes() <= 1.02 * draft.nbytes, f"{spec.label()} holds no more than it is charged")
         draft.release()

@@ -8,6 +8,7 @@ Layout: ``engine/`` (the offloaded engine and its parts), ``bench/`` (running be
 import importlib
 import importlib.abc
 import importlib.util
+import logging
 import sys
 
 import pluggy
@@ -15,6 +16,10 @@ import pluggy
 from specterbench.plugins.strategy import Request, Strategy
 
 __version__ = "0.1.0"
+
+# bitsandbytes' CPU backend looks for the optional `kernels` package (which fetches from a hub: never installed here)
+# and logs "Failed to load CPU gemm_4bit_forward ... No module named 'kernels'" on import; its own kernels serve.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 hookimpl = pluggy.HookimplMarker("specterbench")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -64,19 +65,50 @@ def add_decode_arguments(parser, default=None) -> None:
     parser.add_argument("--decode", default=default.mode, help=f"how tokens are chosen: {' | '.join(DECODE_MODES)} "
                         f"(default {default.mode}; sample: Gumbel-max noise tied to seed, prompt and position, "
                         "shared by the reference, every strategy and every draft)")
-    parser.add_argument("--temperature", type=float, default=default.temperature,
-                        help=f"sampling temperature, in (0, 5] (default {default.temperature:g})")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help=f"sampling temperature, in (0, 5] (default {DEFAULT_DECODE.temperature:g}); sample only")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (k >= 1)")
 
 
+def add_precision_arguments(parser) -> None:
+    """``--expert-bits``, ``--dense-bits``, ``--expert-quantizer``, ``--expert-group``: the target's stored precision
+    (:mod:`specterbench.engine.precision`)."""
+    parser.add_argument("--expert-bits", default="16", help="the target's routed experts: 16 (bf16), 8, 4, 3 or 2 "
+                        "bits, group-wise; the reference is the quantized model and budgets are shares of the "
+                        "stored (packed) expert bytes")
+    parser.add_argument("--dense-bits", default="16", help="the target's attention, shared experts and head: 16, 8 "
+                        "or 4 bits (int, group 64; routers stay 16-bit)")
+    parser.add_argument("--expert-quantizer", default="int", help="int (default: fp16 scale and a bits-bit zero per "
+                        "group, GPTQ's layout at 4 bits), hqq (needs the hqq package) or bnb (4 and 8 bits)")
+    parser.add_argument("--expert-group", default="128", help="weights per quantization group of the experts "
+                        "(32 … 4096; default 128)")
+
+
+def precision_setting(args):
+    """The :class:`Precision` of parsed ``add_precision_arguments`` options (a bad value is one UsageError line)."""
+    from specterbench.engine.precision import Precision
+
+    return Precision.parse(args.expert_bits, args.dense_bits, args.expert_quantizer, args.expert_group)
+
+
 def decode_setting(args):
     """The :class:`DecodeSetting` of parsed ``add_decode_arguments`` options (a bad value is a UsageError)."""
-    from specterbench.engine.sampling import DecodeSetting
+    from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 
     if args.decode == "greedy":
+        from specterbench.bench.rundir import explicit_dests
+
+        argv = getattr(args, "argv", None)  # what this command line gives (a resumed run's saved values are not)
+        explicit = explicit_dests(argv, ["temperature", "top_p", "top_k"]) if argv is not None else None
+        given = [flag for flag, dest in (("--temperature", "temperature"), ("--top-p", "top_p"), ("--top-k", "top_k"))
+                 if getattr(args, dest) is not None and (explicit is None or dest in explicit)]
+        if given:
+            raise UsageError(f"{given[0]} shapes sampling, but --decode is greedy (the most likely token, always); "
+                             f"drop {given[0]}, or add --decode sample")
         return DecodeSetting(mode="greedy")
-    return DecodeSetting(args.decode, args.temperature, args.top_p, args.top_k, getattr(args, "seed", 0))
+    temperature = DEFAULT_DECODE.temperature if args.temperature is None else args.temperature
+    return DecodeSetting(args.decode, temperature, args.top_p, args.top_k, getattr(args, "seed", 0))
 
 
 def run_config(args, host):
@@ -85,20 +117,47 @@ def run_config(args, host):
 
     if args.tokens <= 0:
         raise UsageError(f"--tokens must be a positive number of new tokens, got {args.tokens}")
-    strategies = host.strategies().names() if args.strategies in ("all", "") else _csv(args.strategies)
+    if args.strategies.strip() in ("", ","):
+        raise UsageError("--strategies is empty; name strategies (e.g. --strategies lru,specter) or give 'all'")
+    if not _csv(args.model):
+        raise UsageError("--model is empty; name a model (e.g. --model tiny-qwen-moe; `specterbench list` shows "
+                         "them)")
+    if not _csv(args.budgets):
+        raise UsageError("--budgets is empty; give e.g. --budgets 35%,50%")
+    strategies = host.strategies().names() if args.strategies == "all" else _csv(args.strategies)
+    budgets = _fold("--budgets", [parse_budget(b) for b in _csv(args.budgets)], key=lambda b: b.key(),
+                    show=lambda b: b.text)
     config = BenchConfig(
-        models=_csv(args.model), strategies=tuple(strategies),
-        budgets=tuple(parse_budget(b) for b in _csv(args.budgets)), profile=args.profile_name, clock=args.clock,
+        models=_fold("--model", _csv(args.model)), strategies=_fold("--strategies", strategies),
+        budgets=budgets, profile=args.profile_name, clock=args.clock,
         geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
-        decode=decode_setting(args))
+        decode=decode_setting(args), precision=precision_setting(args))
     config.validate(host)
     from specterbench.bench.checks import check_workload_size
     from specterbench.bench.runner import load_prompts
 
     check_workload_size(config.workload, config.prompts, load_prompts(config.workload, config.prompts))
     return config
+
+
+def _fold(flag: str, values, key=lambda v: v, show=lambda v: v) -> tuple:
+    """``values`` without repeats, with one note per repeat: ``--strategies lru,lru`` runs lru once (a cell twice
+    would be measured and stored twice)."""
+    out, seen = [], {}
+    for value in values:
+        k = key(value)
+        if k in seen:
+            from specterbench.plugins.host import warn
+
+            first = show(seen[k])
+            same = f"{show(value)!r} is {first!r} again" if show(value) != first else f"{first!r} twice"
+            warn(f"{flag} names {same}; it runs once")
+            continue
+        seen[k] = value
+        out.append(value)
+    return tuple(out)
 
 
 def _run_folder(args, argv: list[str], host) -> Path:
@@ -108,9 +167,8 @@ def _run_folder(args, argv: list[str], host) -> Path:
 
     if args.resume:
         run_dir = Path(args.resume)
-        if not run_dir.is_dir():
-            raise UsageError(f"--resume {run_dir}: no such run folder; give the folder a run was written to "
-                             f"(results/<run-id>)")
+        out = args.out if "out" in rundir.explicit_dests(argv, ["out"]) else None
+        rundir.check_resume_target(run_dir, "run", {"run_id": args.run_id, "out_explicit": out})
         options = vars(args)
         explicit = rundir.explicit_dests(argv, [d for d in options if d not in rundir.NOT_SAVED])
         for key, value in rundir.resume_options(run_dir, options, explicit).items():
@@ -118,6 +176,11 @@ def _run_folder(args, argv: list[str], host) -> Path:
         _local_files(args, host, argv)
         return run_dir
     _local_files(args, host, argv)
+    if not _csv(args.model):
+        raise UsageError("--model is empty; name a model (e.g. --model tiny-qwen-moe; `specterbench list` shows "
+                         "them)")
+    if args.run_id is not None and not args.run_id.strip():
+        raise UsageError("--run-id is empty; name the run folder, or leave --run-id out for a dated one")
     run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + _csv(args.model)[0].replace("local:", "")
     if "/" in run_id or run_id in ("", ".", ".."):
         raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")
@@ -160,15 +223,29 @@ def _writable(run_dir: Path) -> None:
 
 
 def cmd_run(args) -> int:
-    from specterbench.analysis.report import render_markdown, write_summary
     from specterbench.bench import rundir
-    from specterbench.bench.runner import Runner
 
     host = get_host()
     argv = getattr(args, "argv", [])
     run_dir = _run_folder(args, argv, host)
     config = run_config(args, host)
+    created = not run_dir.exists()
     _writable(run_dir)
+    try:
+        return _run_in(args, host, config, run_dir)
+    except SpecterbenchError:
+        if created and not (run_dir / rundir.ROWS).exists():  # refused before its first row: leave nothing behind
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _run_in(args, host, config, run_dir: Path) -> int:
+    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.bench import rundir
+    from specterbench.bench.runner import Runner
+
     with rundir.RunLock(run_dir):
         if args.resume:
             rundir.repair_rows(run_dir)
@@ -201,14 +278,15 @@ def cmd_run(args) -> int:
         from specterbench.bench.reference import workload_lines
         from specterbench.bench.results import read_rows
 
-        rows = read_rows(rows_path)
-        summary = write_summary(run_dir, rows)
-        print(render_markdown(rows), end="")
+        rows = read_rows(rows_path, allow_empty=True)
+        print(render_markdown(rows, wide=getattr(args, "wide", False)), end="")
         for line in workload_lines(run_dir):
             print(line)
-        print(f"rows: {rows_path}\nsummary: {summary}")
-        for plot in write_plots(run_dir, rows):
-            print(f"plot: {plot}")
+        print(f"rows: {rows_path}")
+        with _report_files(run_dir, f"specterbench report {run_dir}"):
+            print(f"summary: {write_summary(run_dir, rows)}")
+            for plot in write_plots(run_dir, rows):
+                print(f"plot: {plot}")
     if interrupted:
         print(f"specterbench: interrupted; {len(runner.rows)} finished rows kept in {run_dir}; continue with "
               f"--resume {run_dir}", file=sys.stderr)
@@ -231,6 +309,26 @@ def _run_folder_arg(path: str) -> Path:
     return p
 
 
+@contextlib.contextmanager
+def _report_files(run_dir: Path, again: str):
+    """Writing summary.md and the plots: a full disk or an unwritable folder is one line (the rows are kept)."""
+    try:
+        yield
+    except OSError as err:
+        raise UsageError(f"writing {err.filename or run_dir} failed ({err.strerror or err}); the rows in "
+                         f"{run_dir / 'rows.jsonl'} are kept; free space, then write the summary and plots with "
+                         f"{again}") from None
+
+
+def _flag_integrity(rows, run_dir: Path) -> None:
+    """One warning per integrity problem of a run folder's rows (a duplicated cell, a foreign run id)."""
+    from specterbench.bench.results import integrity_problems
+    from specterbench.plugins.host import warn
+
+    for problem in integrity_problems(rows, run_dir / "rows.jsonl"):
+        warn(problem)
+
+
 def cmd_report(args) -> int:
     from specterbench.analysis.report import render_markdown, write_summary
     from specterbench.bench.results import read_rows
@@ -239,11 +337,12 @@ def cmd_report(args) -> int:
 
     run_dir = _run_folder_arg(args.run_dir)
     rows = read_rows(run_dir, on_error=args.on_error)
-    path = write_summary(run_dir, rows)
-    print(render_markdown(rows), end="")
-    print(f"summary: {path}")
-    for plot in write_plots(run_dir, rows):
-        print(f"plot: {plot}")
+    _flag_integrity(rows, run_dir)
+    print(render_markdown(rows, wide=getattr(args, "wide", False)), end="")
+    with _report_files(run_dir, f"specterbench report {run_dir}"):
+        print(f"summary: {write_summary(run_dir, rows)}")
+        for plot in write_plots(run_dir, rows):
+            print(f"plot: {plot}")
     return 0
 
 
@@ -253,6 +352,9 @@ def cmd_overhead(args) -> int:
     for flag, value in (("--tokens", args.tokens), ("--prompts", args.prompts), ("--threads", args.threads)):
         if value <= 0:
             raise UsageError(f"{flag} must be positive, got {value}")
+    from specterbench.bench.runner import check_threads
+
+    check_threads(args.threads)
 
     r = measure_overhead(get_host(), args.model, prompts=args.prompts, tokens=args.tokens, threads=args.threads)
     print(f"model {r.model}: {r.prompts} prompts x {r.tokens} tokens, greedy, host wall time, {args.threads} thread(s)")
@@ -270,6 +372,8 @@ def cmd_compare(args) -> int:
 
     base = read_rows(_run_folder_arg(args.base), on_error=args.on_error)
     new = read_rows(_run_folder_arg(args.new), on_error=args.on_error)
+    _flag_integrity(base, Path(args.base))
+    _flag_integrity(new, Path(args.new))
     if not 0 < args.alpha < 1:
         raise UsageError(f"--alpha {args.alpha} must be in (0, 1), e.g. 0.05")
     df = compare_runs(base, new, alpha=args.alpha, metrics=_csv(args.metrics) or None,
@@ -326,7 +430,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "finished cells; an option that differs from the saved one is refused")
     s.add_argument("--no-warmup", action="store_true")
     add_decode_arguments(s)
+    add_precision_arguments(s)
     s.add_argument("--quiet", action="store_true")
+    s.add_argument("--wide", action="store_true", help="print every column of the table (default: a compact table "
+                   "that fits 160 columns; summary.md always has every column)")
     s.set_defaults(func=cmd_run)
 
     from specterbench.quality.evaluate import add_parser as add_eval_parser
@@ -345,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="rewrite summary.md and plots of a run and print its table")
     s.add_argument("run_dir")
     s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
+    s.add_argument("--wide", action="store_true", help="print every column of the table")
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("compare", help="per-metric deltas between two runs, with direction and significance")
@@ -360,12 +468,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specterbench.analysis.gate import add_parser as add_gate_parser
     from specterbench.bench.calibrate import add_calibrate_parser
+    from specterbench.bench.published import add_published_parser
     from specterbench.bench.validate import add_validate_parser
     from specterbench.embedded.realism import add_realism_parser
 
     add_gate_parser(sub)
     add_calibrate_parser(sub)
     add_validate_parser(sub)
+    add_published_parser(sub)
     add_realism_parser(sub)
     for command in sub.choices.values():  # --debug after the subcommand too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")

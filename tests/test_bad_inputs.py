@@ -116,6 +116,13 @@ def rows_of(run_dir: Path) -> list[dict]:
     (["--device", "tpu"], "tpu"),
     (["--run-id", "a/b"], "plain folder name"),
     (["--profile", "missing-profile.toml"], "missing-profile.toml"),
+    (["--model", ""], "--model is empty"),
+    (["--model", ","], "--model is empty"),
+    (["--strategies", ""], "--strategies is empty"),
+    (["--budgets", ""], "--budgets is empty"),
+    (["--threads", "9999"], "threads 9999 is more than the"),
+    (["--decode", "greedy", "--temperature", "0.7"], "--temperature shapes sampling, but --decode is greedy"),
+    (["--decode", "greedy", "--top-k", "5"], "--top-k shapes sampling, but --decode is greedy"),
 ])
 def test_a_bad_run_option_is_one_line_before_the_model_loads(cli, tmp_path, args, message):
     if args[:2] == ["--device", "cuda"] or args[:2] == ["--device", "cuda:7"]:
@@ -165,6 +172,49 @@ def test_a_bad_model_path_is_one_line(cli, tmp_path, setup, message):
         (path / "config.json").write_text(config[: len(config) // 2] if setup == "bad-json" else config)
     code, _, err = cli("run", *FAST, "--model", "mixtral", "--model-path", path, "--out", tmp_path / "out")
     assert code == 2 and message in one_line(err)
+
+
+def test_random_bytes_as_weights_are_one_line_and_leave_no_run_folder(cli, tmp_path):
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    (path / "config.json").write_text((ROOT / "specterbench/embedded/models/tiny-mixtral/config.json").read_text())
+    (path / "model.safetensors").write_bytes(os.urandom(4096))
+    code, _, err = cli("run", *FAST[2:], "--model-path", path, "--out", tmp_path / "out", "--run-id", "r")
+    assert code == 2 and "not a readable safetensors file" in one_line(err)
+    assert not (tmp_path / "out" / "r").exists()
+
+
+def test_a_profile_file_with_an_infinite_figure_is_refused(cli, tmp_path):
+    profile = tmp_path / "p.toml"
+    profile.write_text('[profile]\nname = "x"\naccelerator = "x"\nflops_per_s = inf\nmem_bytes_per_s = 1e12\n'
+                       'link_bytes_per_s = 2.5e10\nlink_latency_us = 10.0\nlaunch_us = 5.0\n'
+                       'device_memory_bytes = 4e10\n')
+    line = refused(cli, "run", *FAST, "--profile", profile, "--out", tmp_path)
+    assert "flops_per_s must be finite, got inf" in line
+
+
+def test_a_plugin_profile_with_an_infinite_figure_is_left_out(host, capsys):
+    import dataclasses
+
+    base = host.profiles().get("a100-40g-pcie4")
+
+    class P:
+        @hookimpl
+        def specterbench_register_profiles(self, register):
+            register(dataclasses.replace(base, name="infinite", flops_per_s=float("inf")))
+
+    host.register(P(), "inf-plugin")
+    assert "infinite" not in host.profiles().names() and "a100-40g-pcie4" in host.profiles().names()
+    assert "field flops_per_s must be finite, got inf" in capsys.readouterr().err
+
+
+def test_validate_given_a_built_in_profile_name_says_to_calibrate_this_machine(cli):
+    line = refused(cli, "validate", "--profile", "a100-40g-pcie4")
+    assert "is a built-in profile" in line and "specterbench calibrate --out results/profile.toml" in line
+
+
+def test_calibrate_out_a_folder_is_refused_before_measuring(cli, tmp_path):
+    assert "is a folder; give the profile file to write" in refused(cli, "calibrate", "--out", tmp_path)
 
 
 # ---- run folders: saved options, resume, lock, partial rows, disk full -----------------------------------
@@ -246,6 +296,22 @@ def test_a_full_disk_is_one_line_and_keeps_the_rows_written(cli, tmp_path, monke
     assert sorted(r["strategy"] for r in rows_of(tmp_path / "r")) == ["lru", "on-demand"]
 
 
+def full_disk(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device", "plot.png")
+
+
+def test_plots_on_a_full_disk_are_one_line_and_keep_the_rows(cli, tmp_path, monkeypatch):
+    import specterbench.analysis.plots as plots
+
+    monkeypatch.setattr(plots, "write_plots", full_disk)
+    code, _, err = cli("run", *FAST, "--out", tmp_path, "--run-id", "r")
+    line = one_line(err)
+    assert code == 2 and "No space left on device" in line and "the rows in" in line
+    assert len(rows_of(tmp_path / "r")) == 1
+    code, _, err = cli("report", tmp_path / "r")
+    assert code == 2 and "No space left on device" in one_line(err)
+
+
 def test_an_unwritable_out_is_one_line(cli, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -321,6 +387,18 @@ def test_gate_of_a_missing_run_is_one_line(cli, tmp_path):
                                       "speedup strategy=lru over=on-demand metric=tpot_ms min=1.0")
 
 
+def test_gate_json_that_cannot_be_written_is_one_line(cli, tmp_path, finished):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    code, _, err = cli("gate", finished, "--rule", "speedup strategy=lru over=on-demand metric=tpot_ms min=0.001",
+                       "--json", blocker / "gate.json")
+    assert code == 2 and "cannot write --json" in one_line(err)
+
+
+def test_overhead_with_threads_beyond_the_machine_is_refused(cli):
+    assert "threads 9999 is more than the" in refused(cli, "overhead", "--model", MODEL, "--threads", "9999")
+
+
 def test_overhead_with_zero_tokens_is_refused(cli):
     assert "--tokens must be positive" in refused(cli, "overhead", "--model", MODEL, "--tokens", "0")
 
@@ -328,6 +406,72 @@ def test_overhead_with_zero_tokens_is_refused(cli):
 def test_eval_with_a_malformed_budget_is_refused_before_anything_runs(cli, tmp_path):
     assert "malformed budget 'abc'" in refused(cli, "eval", "--model", MODEL, "--budget", "abc",
                                                 "--out", tmp_path)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--include-path", "no/such/tasks"], "--include-path no/such/tasks: no such folder"),
+    (["--strategies", ""], "--strategies is empty"),
+    (["--model", ","], "--model is empty"),
+    (["--strategies", "lur"], "unknown strategy 'lur'"),
+    (["--tasks", ","], "--tasks is empty"),
+    (["--profile", "h100"], "unknown profile 'h100'"),
+    (["--device", "tpu"], "tpu"),
+    (["--temperature", "0.5"], "--temperature shapes sampling, but --decode is greedy"),
+    (["--strategies", "lru", "--set", "lru.nosuch=1"], "strategy 'lru' has no option 'nosuch'"),
+    (["--bootstrap-iters", "-1"], "--bootstrap-iters must be >= 0"),
+])
+def test_eval_options_are_checked_before_any_evaluation(cli, tmp_path, monkeypatch, args, message):
+    import specterbench.quality.eval_cli as eval_cli
+
+    monkeypatch.setattr(eval_cli, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
+    line = refused(cli, "eval", "--model", MODEL, "--out", tmp_path, *args)
+    assert message in line
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "specterbench", "--tasks", "shakespeare_scramble"], "needs --model_args model=NAME"),
+    (["--model", "specterbench", "--model_args", "strategy=lru", "--tasks", "x"], "needs --model_args model=NAME"),
+    (["--model", "specterbench", "--model_args", "model=tiny-mixtral", "--device", "tpu"], "tpu"),
+])
+def test_the_lm_eval_wrapper_refuses_what_lm_eval_would_accept_silently(capsys, argv, message):
+    from specterbench.quality.lmeval import main as wrapper
+
+    assert wrapper(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--run-id", "a/b"], "must be a plain folder name"),
+    (["--run-id", ""], "must be a plain folder name"),
+    (["--retries", "2"], "--retries is for --executor ray"),
+    (["--jobs", "0"], "--jobs must be positive"),
+])
+def test_a_bad_sweep_option_is_one_line_before_anything_runs(cli, tmp_path, args, message):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'models = ["{MODEL}"]\nstrategies = ["lru"]\nbudgets = ["50%"]\n')
+    assert message in refused(cli, "sweep", grid, "--out", tmp_path / "out", *args)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["eval", "--model", MODEL, "--drafts", ","], "--drafts is empty"),
+    (["calibrate", "--name", " "], "--name is empty"),
+    (["run", *FAST, "--run-id", ""], "--run-id is empty"),
+])
+def test_an_empty_name_is_refused_not_taken_for_the_default(cli, tmp_path, monkeypatch, args, message):
+    import specterbench.quality.eval_cli as eval_cli
+
+    monkeypatch.setattr(eval_cli, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
+    assert message in refused(cli, *args, "--out", tmp_path / "out")
+
+
+def test_a_greedy_grid_with_a_temperature_is_refused(cli, tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(f'models = ["{MODEL}"]\nstrategies = ["lru"]\nbudgets = ["50%"]\ndecode = "greedy"\n'
+                    f'temperature = 0.7\n')
+    assert "temperature shapes sampling, but decode = 'greedy'" in refused(cli, "sweep", grid)
 
 
 def test_sweep_of_a_missing_grid_is_one_line(cli, tmp_path):
@@ -405,8 +549,11 @@ def test_a_misspelled_decision_point_is_refused_at_registration(cli, host):
             register(Typo)
 
     host.register(P(), "typo-victim-plugin")
-    line = refused(cli, "run", *FAST, "--strategies", "typo-victim")
-    assert "choose_victm" in line and "choose_victim" in line
+    code, _, err = cli("run", *FAST, "--strategies", "typo-victim")
+    (warning,) = warning_lines(err)
+    assert "choose_victm" in warning and "choose_victim" in warning
+    (line,) = [line for line in err.splitlines() if line.startswith("specterbench: error:")]
+    assert code == 2 and "refused at registration" in line and "choose_victm" in line
 
 
 def test_the_pytest_plugin_survives_a_parent_folder_named_specterbench(tmp_path):

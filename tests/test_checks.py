@@ -4,7 +4,7 @@ when its plugin registers it, in one line naming the class, the method or attrib
 import pytest
 
 from specterbench import Strategy, hookimpl
-from specterbench.errors import PluginError
+from specterbench.errors import PluginError, UsageError
 from specterbench.plugins.checks import check_strategy, contract_attributes, decision_points
 
 
@@ -196,5 +196,5 @@ def test_the_host_refuses_a_misspelled_strategy_when_its_plugin_registers(host):
             register(Typo)
 
     host.register(Plugin(), "typo-plugin")
-    with pytest.raises(PluginError, match=r"typo-plugin.*choose_victm.*choose_victim"):
-        host.strategies()
+    with pytest.raises(UsageError, match=r"typo-plugin.*choose_victm.*choose_victim"):
+        host.strategies().entry("check-typo")

@@ -89,6 +89,9 @@ CAUGHT = [  # (strategy, the one rule it breaks, what the failure says)
     ("broken-leaks-state", "test_state_resets_between_requests", "reset per-request state in on_request_start"),
 ]
 
+# the engine refuses these at run time too (their cells end in an error row), so every rule that runs them fails
+REFUSED_AT_RUN_TIME = {"broken-evicts-in-use"}
+
 
 def run_pytest(cwd, *args, pythonpath=None, timeout=600):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD")}
@@ -136,6 +139,8 @@ def test_a_broken_strategy_fails_exactly_the_rule_it_breaks(battery, strategy, r
     _, outcomes = battery
     outcome, text = outcomes[f"{rule}[{strategy}]"]
     assert outcome == "failed" and message in text, text
+    if strategy in REFUSED_AT_RUN_TIME:
+        return
     others = {r: outcomes[f"{r}[{strategy}]"][0] for r in RULES if r != rule}
     assert set(others.values()) == {"passed"}, others
 

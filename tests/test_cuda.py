@@ -181,7 +181,7 @@ def test_a_draft_on_cuda_allocates_what_it_is_charged_and_computes_the_dequantiz
     assert draft.allocated_bytes() <= 1.02 * draft.nbytes
     assert held <= 1.02 * draft.nbytes + SLACK_BYTES  # packed codes and scales, no 16-bit copy kept
     if spec.quantizer == "int" and spec.bits == 4:
-        assert draft.kernel == "int4mm", "torch's int4 weight-only matmul should run on this GPU"
+        assert draft.runs == "int4mm", "torch's int4 weight-only matmul should run on this GPU"
     gate_up = draft.packed[(0, 0)][0]
     x = torch.randn(1, gate_up.shape[1], device="cuda", dtype=torch.bfloat16)
     w = engine.store.weights[(0, 0)][0].to("cuda")

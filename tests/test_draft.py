@@ -218,7 +218,7 @@ def test_the_modeled_clock_prices_the_kernel_that_runs():
                      ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
     kernel = QuantizedExperts(engine, QuantSpec(bits=4, blocksize=32, quantizer="int"))
     dequant = QuantizedExperts(engine, QuantSpec(bits=3, blocksize=32, quantizer="int"))
-    assert kernel.kernel == "int4mm" and dequant.kernel == "dequant"
+    assert kernel.runs == "int4mm" and dequant.runs == "dequant"
     assert kernel.bytes_ratio == kernel.stored_ratio  # the kernel reads the packed bytes only
     assert dequant.bytes_ratio == pytest.approx(dequant.stored_ratio + 2)  # + a 16-bit scratch written and read
     clock = engine.clock

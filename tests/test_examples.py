@@ -19,7 +19,7 @@ from specterbench.plugins import conformance
 from specterbench.plugins.checks import check_strategy
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = {"arc": "arc", "router-prefetch": "router_prefetch", "draft-verify": "draft_verify"}  # strategy -> dir
+EXAMPLES = {"example-arc": "arc", "router-prefetch": "router_prefetch", "draft-verify": "draft_verify"}  # strategy -> dir
 
 
 def fake_install(root: Path) -> list[str]:
@@ -47,7 +47,7 @@ def installed(tmp_path_factory):
     reset_host()
     yield PluginHost(), paths
     del sys.path[:len(paths)]
-    for name in [m for m in sys.modules if m.startswith(("specterbench_arc", "specterbench_router_prefetch",
+    for name in [m for m in sys.modules if m.startswith(("specterbench_example_arc", "specterbench_router_prefetch",
                                                           "specterbench_draft_verify"))]:
         del sys.modules[name]
     reset_host()
@@ -70,8 +70,8 @@ def test_an_example_declares_its_strategy_as_its_entry_point(name):
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_an_example_registers_through_its_entry_point_and_passes_the_checks(name, installed):
     entry = installed[0].strategies().entry(name)
-    assert (entry.plugin.source, entry.plugin.distribution) == ("entry point", f"specterbench-{EXAMPLES[name]}"
-                                                                .replace("_", "-"))
+    project = tomllib.loads((ROOT / "examples" / EXAMPLES[name] / "pyproject.toml").read_text())["project"]
+    assert (entry.plugin.source, entry.plugin.distribution) == ("entry point", project["name"])
     check_strategy(entry.obj, entry.plugin.name)
 
 
@@ -88,7 +88,7 @@ def test_the_battery_runs_on_an_installed_example_from_the_command_line(installe
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(installed[1] + [os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "--specterbench-strategy=arc", "-k", "name_and_a_version"],
+                           "--specterbench-strategy=example-arc", "-k", "name_and_a_version"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
@@ -137,7 +137,7 @@ class FakeEngine:
 
 
 def strategy(name, engine, **options):
-    cls = {"arc": "specterbench_arc:ARC", "router-prefetch": "specterbench_router_prefetch:RouterPrefetch"}[name]
+    cls = {"example-arc": "specterbench_example_arc:ARC", "router-prefetch": "specterbench_router_prefetch:RouterPrefetch"}[name]
     module, attr = cls.split(":")
     s = getattr(__import__(module), attr)(**options)
     s.attach(engine)
@@ -145,7 +145,7 @@ def strategy(name, engine, **options):
 
 
 def test_arc_evicts_from_recency_until_a_ghost_hit_favours_it(installed):
-    arc = strategy("arc", FakeEngine())
+    arc = strategy("example-arc", FakeEngine())
     arc.before_layer(0, [1, 2], [1, 1])  # T1: (0,1), (0,2)
     arc.before_layer(0, [2], [1])  # seen again: (0,2) is frequent
     assert arc.choose_victim([(0, 1), (0, 2)], needed=(0, 3)) == (0, 1)  # T1 over its target p = 0
@@ -155,7 +155,7 @@ def test_arc_evicts_from_recency_until_a_ghost_hit_favours_it(installed):
 
 
 def test_arc_falls_back_to_the_least_recently_used_candidate(installed):
-    arc = strategy("arc", FakeEngine())
+    arc = strategy("example-arc", FakeEngine())
     assert arc.choose_victim([(1, 3), (1, 0)], needed=None) == (1, 3)
 
 

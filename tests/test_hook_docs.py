@@ -21,7 +21,7 @@ DECISION_POINTS = sorted(name for name, value in vars(Strategy).items()
                          if not name.startswith("_") and callable(getattr(Strategy, name)))
 # Engine methods the runner and the seam call: listed in their own section, not one heading each.
 RUNNER_ONLY = ("configure", "begin_request", "begin_warmup", "end_warmup", "run_moe_layer", "start_recording",
-               "stop_recording", "end_cell")
+               "stop_recording", "set_precision", "end_cell")
 
 
 def public_methods(cls) -> dict:
@@ -128,7 +128,7 @@ def test_every_strategy_method_engine_method_and_cost_estimate_is_exercised_by_a
     assert exercised(name.rsplit(".", 1)[-1]), f"no test calls or implements {name}; write one"
 
 
-WALKTHROUGHS = {"An ARC cache": "examples/arc/specterbench_arc/__init__.py",
+WALKTHROUGHS = {"An ARC cache": "examples/arc/specterbench_example_arc/__init__.py",
                 "A router predictor that prefetches in time":
                     "examples/router_prefetch/specterbench_router_prefetch/__init__.py",
                 "Speculative strategies": "examples/draft_verify/specterbench_draft_verify/__init__.py"}

@@ -142,3 +142,37 @@ def test_accepted_vs_k_has_integer_k_ticks_and_no_strategy_hides_another(tmp_pat
     assert [t for t in ax.get_xticks()] == [2, 4]
     xs = {line.get_label(): tuple(line.get_xdata()) for line in ax.get_lines()}
     assert xs["specter"] != xs["spec-decode"]  # dodged sideways
+
+
+def test_specter_choosing_k_per_window_is_in_the_accepted_vs_k_plot(tmp_path, figures):
+    rows = [spec(k, 0.5, {"0": 1, "2": 3}, strategy="spec-decode") for k in (2, 4)]
+    rows.append(row(strategy="specter", budget_fraction=0.5,
+                    extra={"k": "auto", "accepted_length_hist": {"1": 2, "3": 2}, "k_hist": {"2": 2, "4": 2}}))
+    write_plots(tmp_path, rows)
+    ax = figures[-1]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "specter (K chosen per window, mean K 3.0)" in labels
+    marker = next(x for x in ax.get_lines() if x.get_label().startswith("specter ("))
+    assert list(marker.get_xdata()) == [3.0] and list(marker.get_ydata()) == [2.0]
+
+
+def test_accepted_length_ticks_stay_readable_up_to_k_32(tmp_path, figures):
+    hist = {str(n): 1 for n in range(33)}
+    write_plots(tmp_path, [spec(32, 0.5, hist), spec(32, 0.5, hist, strategy="specter-artifact")])
+    ax = figures[-1]
+    ticks = [t for t in ax.get_xticks() if 0 <= t <= 32]
+    assert len(ticks) <= plots.MAX_TICKS + 1 and all(float(t).is_integer() for t in ticks)
+
+
+def test_a_strategy_that_dwarfs_the_rest_switches_the_budget_plot_to_a_log_scale(tmp_path, figures):
+    rows = [row(strategy=s, budget_fraction=b, tpot_ms=t) for s, t in (("lru", 1.0), ("static", 1.2),
+                                                                        ("on-demand", 40.0)) for b in (0.35, 0.5)]
+    write_plots(tmp_path, rows)
+    tpot = figures[0]
+    assert tpot.get_yscale() == "log" and "log scale" in tpot.get_ylabel()
+    assert figures[1].get_yscale() == "linear"  # hit rates: comparable
+
+
+def test_comparable_strategies_keep_a_linear_axis(tmp_path, figures):
+    write_plots(tmp_path, grid())
+    assert figures[0].get_yscale() == "linear"

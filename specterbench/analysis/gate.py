@@ -21,7 +21,7 @@ from specterbench.analysis.compare import check_compatible
 from specterbench.analysis.gate_metrics import check_decode, describe, gate_key, group_rows
 from specterbench.analysis.gate_rules import (DEFAULT_RATCHET_MARGIN_PCT, DEFAULT_TOLERANCE_PCT, Check,  # noqa: F401
                                               RegressionRule, Rule, SpeedupRule, load_rules, parse_rule)
-from specterbench.bench.results import ResultRow, read_rows
+from specterbench.bench.results import ResultRow, integrity_problems, read_rows
 from specterbench.errors import SpecterbenchError, UsageError
 
 DEFAULT_REFERENCE = Path("results/reference")
@@ -164,15 +164,23 @@ def cmd_gate(args) -> int:
     if args.rules or not rules:
         rules = list(load_rules(args.rules or DEFAULT_RULES)) + rules
     dirs = args.run_dir if isinstance(args.run_dir, list) else [args.run_dir]
-    rows = [r for d in dirs for r in read_rows(Path(d), on_error=args.on_error)]
+    by_dir = {d: read_rows(Path(d), on_error=args.on_error) for d in dirs}
+    rows = [r for d in dirs for r in by_dir[d]]
     reference = (load_reference(args.reference, on_error=args.on_error)
                  if any(r.needs_reference for r in rules) else [])
     result = run_gate(rows, reference, rules)
+    for d, dir_rows in by_dir.items():  # a duplicated cell or a foreign run's rows would be gated as this run's
+        result.checks.extend(Check("integrity", False, problem, str(d))
+                             for problem in integrity_problems(dir_rows, Path(d) / "rows.jsonl"))
     print(render(result, passes=not args.failures_only), end="")
     if getattr(args, "json", None):
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False) + "\n",
-                                   encoding="utf-8")
+        try:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False) + "\n",
+                                       encoding="utf-8")
+        except OSError as err:
+            raise UsageError(f"cannot write --json {args.json} ({err.strerror or err}); give a writable path (and "
+                             f"check free disk space); the verdict above stands") from None
     return result.exit_code
 
 

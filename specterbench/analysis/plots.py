@@ -10,7 +10,10 @@ without CUDA the time plot is host wall time, labelled as such, never a GPU's TP
 Every strategy has one style in every plot (:func:`style`): the built-ins a fixed, distinct colour, marker and
 line style; any other name a combination derived from its name (stable across runs and machines). Specter is
 always drawn last, thickest and in front. Points of several strategies at one K are dodged sideways so none
-hides another; K and budget axes carry only the values that were run.
+hides another; K and budget axes carry only the values that were run (a readable subset of whole numbers when
+there are many). In the accepted-length-vs-K plot a strategy that chooses K per window (Specter) is a level at its
+mean accepted length, marked at its mean K, so it is never left out. A budget plot where one strategy dwarfs the rest
+switches to a log scale and says so.
 """
 
 from __future__ import annotations
@@ -150,12 +153,27 @@ def _budget_plot(rows, value, ylabel, path: Path, scale: float = 1.0) -> Path | 
     r = rows[0]
     _budget_ticks(ax, xs_all)
     ax.set_xlabel(_budget_axis(r))
+    if dwarfs({s: [y / scale for _, y in pts] for s, pts in lines.items()}):
+        ax.set_yscale("log")
+        ylabel += "\n(log scale: one strategy dwarfs the rest)"
     ax.set_ylabel(ylabel)
     ax.set_title(_title(r), fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncols=2 if len(lines) > 7 else 1)
     fig.savefig(path)
     return path
+
+
+DWARF_RATIO = 8.0  # one strategy's largest value over every other's largest: beyond it, a log scale
+
+
+def dwarfs(values: dict[str, list[float]]) -> bool:
+    """Whether one strategy's values dwarf the rest (its largest over the others' largest beyond
+    :data:`DWARF_RATIO`), so that a linear axis would flatten every other line; only for positive values."""
+    tops = sorted((max(v) for v in values.values() if v), reverse=True)
+    if len(tops) < 2 or any(x <= 0 for v in values.values() for x in v):
+        return False
+    return tops[0] / tops[1] > DWARF_RATIO
 
 
 def _bytes_unit(values) -> tuple[float, str]:
@@ -179,6 +197,31 @@ def _k(r: ResultRow) -> int | None:
 def _speculative(rows: list[ResultRow]) -> list[ResultRow]:
     return [r for r in rows if "k" in r.extra and ("accepted_length_hist" in r.extra or
                                                    "tokens_per_window" in r.extra)]
+
+
+MAX_TICKS = 12  # integer ticks on an accepted-length or K axis: every value up to this many, else a readable subset
+
+
+def _integer_ticks(axis, values: list[int]) -> None:
+    """Ticks at ``values`` when they are few; otherwise at most :data:`MAX_TICKS` whole numbers, so labels never
+    collide (accepted lengths up to 32 for K = 32)."""
+    from matplotlib.ticker import MaxNLocator
+
+    if len(values) <= MAX_TICKS:
+        axis.set_ticks(values)
+    else:
+        axis.set_major_locator(MaxNLocator(nbins=MAX_TICKS, integer=True))
+
+
+def _mean_k(rows: list[ResultRow]) -> float | None:
+    """The mean K over the windows of rows that chose K per window (``k_hist``: K -> windows)."""
+    total = windows = 0
+    for r in rows:
+        for k, n in (r.extra.get("k_hist") or {}).items():
+            if str(k).isdigit():
+                total += int(k) * int(n)
+                windows += int(n)
+    return total / windows if windows else None
 
 
 def _hist(r: ResultRow) -> dict[int, int]:
@@ -206,6 +249,10 @@ def _accepted_vs_k(rows, path: Path) -> Path | None:
     for r in rows:
         if _k(r) is not None:
             by[r.strategy][_k(r)].append(r)
+    per_window: dict[str, list[ResultRow]] = defaultdict(list)  # K chosen per window (specter's k=auto)
+    for r in rows:
+        if _k(r) is None:
+            per_window[r.strategy].append(r)
     fig, ax = _figure()
     names = draw_order(by)
     dodge = 0.08
@@ -216,11 +263,22 @@ def _accepted_vs_k(rows, path: Path) -> Path | None:
         if pts:
             ax.plot(*zip(*pts), label=s, **style(s).kwargs())
             drawn = True
+    ks = sorted({_k(r) for r in rows if _k(r) is not None})
+    for s in draw_order(per_window):  # no one K: its mean accepted length at its mean K, and a level across
+        mean = _mean_accepted(per_window[s])
+        if mean is None or not ks:
+            continue
+        st = style(s)
+        mean_k = _mean_k(per_window[s])
+        ax.axhline(mean, linestyle="--", linewidth=1.2, color=st.color, zorder=st.zorder)
+        ax.plot([mean_k if mean_k is not None else ks[0]], [mean],
+                **{**st.kwargs(), "linestyle": "none"},
+                label=f"{s} (K chosen per window{f', mean K {mean_k:.1f}' if mean_k is not None else ''})")
+        drawn = True
     if not drawn:
         return None
-    ks = sorted({_k(r) for r in rows if _k(r) is not None})
     ax.plot(ks, ks, linestyle=":", color="grey", linewidth=1, label="all K accepted", zorder=1)
-    ax.set_xticks(ks)
+    _integer_ticks(ax.xaxis, ks)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("K (draft tokens proposed per window)")
     ax.set_ylabel("mean accepted draft tokens per window (tokens)")
@@ -251,7 +309,7 @@ def _accepted_hist(rows, path: Path) -> Path | None:
     top = max(max(h) for h in by.values() if h)
     ks = {_k(r) for r in rows}
     k_text = f"K = {ks.pop()}" if len(ks) == 1 and None not in ks else "K chosen per window"
-    ax.set_xticks(range(top + 1))
+    _integer_ticks(ax.xaxis, list(range(top + 1)))
     ax.set_xlabel(f"accepted draft tokens per window (tokens, {k_text})")
     ax.set_ylabel("share of verification windows (fraction)")
     ax.set_title(_title(rows[0]) + " · all budgets", fontsize=9)

@@ -32,7 +32,8 @@ def summary_table(rows: list[ResultRow]):
         clock = {"modeled": f"modeled · {r.profile}", "measured": "measured (CUDA events)",
                  "host": "host wall only"}[r.clock]
         records.append({
-            "model": r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)",
+            "model": (r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)")
+            + ("" if r.precision == "bf16" else f", {r.precision}"),
             "strategy": r.strategy_label,
             "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
                        f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),
@@ -41,8 +42,9 @@ def summary_table(rows: list[ResultRow]):
             "workload": r.workload,
             "tokens": r.new_tokens,
             "TPOT ms": r.tpot_ms,
+            "TPOT mean ms": r.tpot_mean_ms if r.tpot_mean_ms is not None else
+            (1e3 / r.tokens_per_s if r.tokens_per_s and r.clock != "host" else None),  # rows from before the field
             "TPOT p90 ms": r.tpot_p90_ms,
-            "TPOT mean ms": 1e3 / r.tokens_per_s if r.tokens_per_s and r.clock != "host" else None,
             "host ms/tok": r.host_ms_per_token,
             "TTFT ms": r.ttft_ms,
             "hit rate": r.hit_rate,
@@ -63,11 +65,39 @@ def summary_table(rows: list[ResultRow]):
     return df[[c for c in df.columns if c not in ("lossless", "status")] + ["lossless", "status"]]
 
 
-def render_markdown(rows: list[ResultRow]) -> str:
+#: the columns of the compact table (``render_markdown(rows)``; ``wide=True`` shows every column)
+COMPACT = ("model", "strategy", "budget", "TPOT ms", "TPOT mean ms", "TTFT ms", "hit rate", "H2D KB/tok",
+           "stall ms/tok", "lossless", "status")
+#: columns shown once, in a header line above the compact table, when every row has the same value
+SHARED = ("model", "clock", "workload", "tokens")
+STATUS_WIDTH = 24  # a failed row's reason, cut to fit a 160-column terminal (summary.md has it whole)
+
+
+def render_markdown(rows: list[ResultRow], wide: bool = False) -> str:
+    """The bench table. Compact by default (fits a 160-column terminal): short model names, what every row shares
+    (model, geometry, clock, workload, tokens) said once above the table, mean TPOT beside the median; ``wide``:
+    every column, each row whole."""
     df = summary_table(rows)
     if df.empty:
         return "(no rows)\n"
-    return df.to_markdown(index=False, floatfmt=".3f") + "\n"
+    if wide:
+        return df.to_markdown(index=False, floatfmt=".3f") + "\n"
+    header = []
+    geometries = sorted({r.geometry_label for r in rows if r.geometry != r.model})
+    df = df.copy()
+    df["model"] = [r.split(" @ ", 1)[0] for r in df["model"]]  # "tiny-x @ mixtral geometry (projection)" -> "tiny-x"
+    for col in SHARED:
+        values = df[col].unique()
+        if len(values) == 1:
+            header.append(f"{col}: {values[0]}")
+    header += [f"geometry: {g}" for g in geometries]
+    keep = [c for c in COMPACT if c in df.columns and not (c == "model" and any(h.startswith("model:") for h in header))]
+    keep += [c for c in SHARED if c in df.columns and c not in keep and not any(h.startswith(c + ":") for h in header)]
+    df = df[[c for c in df.columns if c in keep]]
+    df["budget"] = [b.split(" (", 1)[0] for b in df["budget"]]  # the fraction; bytes are in summary.md
+    df["status"] = [s if len(s) <= STATUS_WIDTH else s[: STATUS_WIDTH - 1] + "…" for s in df["status"]]
+    table = df.to_markdown(index=False, floatfmt=".3f") + "\n"
+    return "".join(f"{line}\n" for line in header) + table
 
 
 def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
@@ -88,7 +118,12 @@ def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
     from specterbench.bench.reference import workload_lines
 
     lines += [f"{line}." for line in workload_lines(run_dir)]
-    lines += ["", render_markdown(rows), "", "## Link bytes: engine ledger vs NVML PCIe counters", ""]
+    from specterbench.bench.results import integrity_problems
+
+    problems = integrity_problems(rows, run_dir / "rows.jsonl")
+    if problems:
+        lines += ["", "**Integrity:** " + " ".join(f"{p}." for p in problems)]
+    lines += ["", render_markdown(rows, wide=True), "", "## Link bytes: engine ledger vs NVML PCIe counters", ""]
     notes = {r.nvml_note for r in rows if r.nvml_h2d_bytes is None and r.status == "ok"}
     counted = [r for r in rows if r.nvml_h2d_bytes is not None]
     if counted:

@@ -238,12 +238,15 @@ def _check_positive(kind: str, data: dict, fields) -> None:
         v = data[f]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
+        if not math.isfinite(v):
+            raise UsageError(f"profile file: [{kind}] {f} must be finite, got {v!r}; re-run specterbench calibrate")
         if not v > 0:
             raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
 
 
-def load_profile_file(path) -> tuple[HardwareProfile, HostProfile | None]:
-    """The profiles of a file written by :func:`write_profile_file` (TOML or JSON with the same tables)."""
+def load_profile_file(path, *, require_profile: bool = True) -> tuple[HardwareProfile | None, HostProfile | None]:
+    """The profiles of a file written by :func:`write_profile_file` (TOML or JSON with the same tables).
+    ``require_profile=False``: a file may hold only a ``[host_profile]`` (the built-in host-only files)."""
     import json
     import tomllib
 
@@ -258,14 +261,17 @@ def load_profile_file(path) -> tuple[HardwareProfile, HostProfile | None]:
         raise UsageError(f"--profile {path}: malformed ({str(err).splitlines()[0]}); re-run specterbench "
                          f"calibrate") from None
     table = data.get("profile")
-    if not isinstance(table, dict):
+    if not isinstance(table, dict) and (require_profile or not isinstance(data.get("host_profile"), dict)):
         raise UsageError(f"--profile {path}: no [profile] table; re-run specterbench calibrate")
-    _check_positive("profile", table, ("flops_per_s", "mem_bytes_per_s", "link_bytes_per_s", "link_latency_us",
-                                       "launch_us", "device_memory_bytes"))
+    if table is not None:
+        _check_positive("profile", table, ("flops_per_s", "mem_bytes_per_s", "link_bytes_per_s", "link_latency_us",
+                                           "launch_us", "device_memory_bytes"))
     try:
-        profile = HardwareProfile.from_dict(table)
+        profile = HardwareProfile.from_dict(table) if table is not None else None
         host = data.get("host_profile")
         if host is not None:
+            if not isinstance(host, dict):
+                raise UsageError("[host_profile] must be a table")
             _check_positive("host_profile", host, ("mem_bytes_per_s", "flops_per_s", "threads", "launch_us"))
             host = HostProfile.from_dict(host)
     except UsageError as err:
@@ -346,6 +352,15 @@ def cmd_calibrate(args) -> int:
     device = check_device(args.device)
     if args.threads is not None and args.threads <= 0:
         raise UsageError(f"--threads must be positive, got {args.threads}")
+    if args.threads is not None:
+        from specterbench.bench.runner import check_threads
+
+        check_threads(args.threads)
+    if args.name is not None and not args.name.strip():
+        raise UsageError("--name is empty; name the profile (what --profile selects), or leave --name out")
+    if Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a folder; give the profile file to write, e.g. "
+                         f"{Path(args.out) / 'profile.toml'}")
     try:
         hidden, inter = (int(x) for x in args.shape.split(","))
     except ValueError:
@@ -354,7 +369,11 @@ def cmd_calibrate(args) -> int:
         raise UsageError(f"--shape {args.shape!r}: both sizes must be positive")
     cal = calibrate(device, dtype=getattr(torch, args.dtype), quick=args.quick, threads=args.threads, name=args.name,
                     hidden=hidden, inter=inter)
-    path = write_profile_file(cal, args.out)
+    try:
+        path = write_profile_file(cal, args.out)
+    except OSError as err:
+        raise UsageError(f"cannot write --out {args.out} ({err.strerror or err}); give a writable file (and check "
+                         f"free disk space), then calibrate again") from None
     p, h, m = cal.profile, cal.host, cal.measured
     print(f"profile {p.name}: {p.accelerator}")
     for n, t in zip(m["copy_bytes"], m["copy_seconds"]):

@@ -43,6 +43,7 @@ def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
     st = engine.stats
     if row.clock != "host":
         row.tpot_ms, row.tpot_p90_ms = _median(tpot), _p90(tpot)
+        row.tpot_mean_ms = sum(tpot) / len(tpot) if tpot else None
     row.ttft_ms = _median(ttft)
     row.tokens_per_s = decode_tokens / decode_s if decode_s > 0 else None
     row.host_ms_per_token = _median(host)

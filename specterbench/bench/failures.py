@@ -27,7 +27,7 @@ def _strategy_files(strategy) -> set[str]:
 
 
 def describe_failure(err: BaseException, strategy, engine) -> dict:
-    """``{"plugin_frame", "decision_point", "layer", "position", "traceback"}`` (None where unknown).
+    """``{"strategy", "plugin_frame", "decision_point", "layer", "position", "traceback"}`` (None where unknown).
 
     ``plugin_frame``: the innermost frame in the strategy's own source files (``file:line in function``);
     ``decision_point``: the innermost decision point of the strategy on the stack (``before_layer``,
@@ -44,14 +44,18 @@ def describe_failure(err: BaseException, strategy, engine) -> dict:
         if code.co_name == "run_moe_layer" and isinstance(frame.f_locals.get("layer"), int):
             layer = frame.f_locals["layer"]
     position = getattr(engine, "context_len", None) if engine is not None else None
-    return {"plugin_frame": plugin_frame, "decision_point": decision, "layer": layer,
+    return {"strategy": getattr(strategy, "name", None), "plugin_frame": plugin_frame, "decision_point": decision, "layer": layer,
             "position": None if position is None else int(position) - 1,
             "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-12))}
 
 
 def where(info: dict) -> str:
-    """`` (in before_layer, layer 3, position 17; plugin frame …)`` for the row's one-line error; "" if unknown."""
-    parts = [f"in {info['decision_point']}" if info.get("decision_point") else None,
+    """`` (strategy 'x' in before_layer, layer 3, position 17; at <plugin frame>)`` for the row's one-line error;
+    "" if unknown."""
+    decision = f"in {info['decision_point']}" if info.get("decision_point") else None
+    if info.get("strategy"):
+        decision = f"strategy {info['strategy']!r}" + (f" {decision}" if decision else "")
+    parts = [decision,
              f"layer {info['layer']}" if info.get("layer") is not None else None,
              f"position {info['position']}" if info.get("position") is not None else None]
     text = ", ".join(p for p in parts if p)

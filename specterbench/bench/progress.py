@@ -3,7 +3,8 @@
 Quiet when the environment variable ``CI`` is set to anything but ``""``, ``0``, ``false`` or ``no`` (GitHub
 Actions, GitLab and most CI systems set ``CI=true``), or when stderr is not a terminal (redirected to a file or a
 pipe), or when the caller passes ``quiet=True`` (e.g. ``--quiet``). :func:`quiet_library_bars` silences the
-libraries' own bars (transformers' "Loading weights") in the same cases; the CLI calls it first.
+libraries' own bars (transformers' "Loading weights", lm-eval's and datasets' tqdm bars) in the same cases; the CLI
+and the lm-eval wrapper call it first.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ def quiet_library_bars(stream=None) -> None:
     if not is_quiet(stream):
         return
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # tqdm >= 4.66 reads it when first imported: child processes
+    _tqdm_off_by_default()
     if "huggingface_hub" in sys.modules:  # imported already (a second command in one process): switch them off
         from huggingface_hub.utils import disable_progress_bars
 
@@ -56,3 +59,20 @@ def quiet_library_bars(stream=None) -> None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
+
+
+def _tqdm_off_by_default() -> None:
+    """Bars that do not say whether to draw (lm-eval's "Building contexts", the datasets' loaders) stay off; a bar
+    that passes ``disable`` itself (ours, from :func:`progress`) still decides for itself."""
+    from tqdm import tqdm
+
+    if getattr(tqdm.__init__, "_specterbench_quiet", False):
+        return
+    original = tqdm.__init__
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("disable", True)
+        original(self, *args, **kwargs)
+
+    __init__._specterbench_quiet = True
+    tqdm.__init__ = __init__

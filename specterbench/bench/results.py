@@ -19,7 +19,7 @@ SCHEMA_VERSION = 1
 
 # Direction of every headline metric, so that no comparison assumes lower is better.
 DIRECTIONS = {
-    "tpot_ms": "lower", "tpot_p90_ms": "lower", "ttft_ms": "lower", "tokens_per_s": "higher",
+    "tpot_ms": "lower", "tpot_mean_ms": "lower", "tpot_p90_ms": "lower", "ttft_ms": "lower", "tokens_per_s": "higher",
     "host_ms_per_token": "lower", "hit_rate": "higher", "h2d_bytes_per_token": "lower",
     "stall_ms_per_token": "lower", "prefetch_used": "higher", "prefetch_wasted": "lower",
     "token_agreement": "higher",
@@ -48,6 +48,7 @@ class ResultRow:
     new_tokens: int
     seed: int
     repeat: int
+    precision: str = "bf16"  # the target's stored weights: bf16, or e.g. "experts int4/g128" (--expert-bits)
     decode: dict = field(default_factory=lambda: {"mode": "greedy"})  # DecodeSetting.to_dict(): how tokens were chosen
     status: str = "ok"  # ok | diverged | error
     error: str | None = None
@@ -56,6 +57,7 @@ class ResultRow:
     token_agreement: float | None = None
     tpot_ms: float | None = None  # median over decode tokens (after the first); None on the host clock
     tpot_p90_ms: float | None = None
+    tpot_mean_ms: float | None = None  # mean over decode tokens (decode time / tokens: what the gate ratchets)
     ttft_ms: float | None = None
     tokens_per_s: float | None = None
     host_ms_per_token: float | None = None  # host wall time, median; never a GPU's TPOT
@@ -152,5 +154,38 @@ def iter_rows(path: Path, on_error: str = "stop") -> Iterator[ResultRow]:
                                  f"skip bad lines") from None
 
 
-def read_rows(path: Path, on_error: str = "stop") -> list[ResultRow]:
-    return list(iter_rows(path, on_error))
+def read_rows(path: Path, on_error: str = "stop", allow_empty: bool = False) -> list[ResultRow]:
+    """Every row of a ``rows.jsonl`` (or of a run folder's); a file without a row is an error like a missing one
+    (``allow_empty``: a run resuming its own folder, stopped before its first row)."""
+    rows = list(iter_rows(path, on_error))
+    if not rows and not allow_empty:
+        path = Path(path)
+        path = path / "rows.jsonl" if path.is_dir() else path
+        raise UsageError(f"no rows in {path} (the run stopped before its first cell finished, or the file was "
+                         f"emptied); run it again with specterbench run --resume {path.parent}, or pass another "
+                         f"run folder")
+    return rows
+
+
+def integrity_problems(rows: list[ResultRow], source) -> list[str]:
+    """What makes ``rows`` of one run folder unsafe to report as one run, one line each (empty when sound): a
+    cell with more than one finished row (its numbers would count twice) and rows of another run id (a foreign
+    run's rows appended to this one). An error row followed by a row of the same cell is a resumed cell, not a
+    duplicate."""
+    from collections import Counter
+
+    problems = []
+    finished = Counter(r.cell for r in rows if r.status != "error")
+    twice = {cell: n for cell, n in finished.items() if n > 1}
+    if twice:
+        cell, n = next(iter(twice.items()))
+        more = f" and {len(twice) - 1} more cell(s)" if len(twice) > 1 else ""
+        problems.append(f"{source}: cell {cell!r} has {n} finished rows{more}; a cell is measured once — keep one "
+                        f"row per cell (rows are counted once each here, so its numbers weigh {n} times)")
+    ids = Counter(r.run_id for r in rows)
+    if len(ids) > 1:
+        main = ids.most_common(1)[0][0]
+        foreign = ", ".join(f"{rid!r} ({n} rows)" for rid, n in ids.items() if rid != main)
+        problems.append(f"{source}: rows of another run id among run {main!r}'s: {foreign}; rows of another run "
+                        f"were appended here — move them to their own folder")
+    return problems

@@ -18,14 +18,15 @@ import torch
 
 from specterbench.engine.draft import drafts_allocated_bytes
 from specterbench.engine.engine import Engine
-from specterbench.errors import BudgetError, SpecterbenchError, UsageError
+from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
 from specterbench.engine.geometry import geometry_preset, project
-from specterbench.plugins.host import PluginHost
+from specterbench.plugins.host import PluginHost, warn
 from specterbench.bench.reference import write_reference
 from specterbench.bench.results import ResultRow, RowWriter, read_rows
 from specterbench.plugins.strategy import Calibration, Request, Strategy
 from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
 from specterbench.engine.costs import CostModel
+from specterbench.engine.precision import BF16, Precision, quantize_model
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.bench.budget import Budget, parse_budget  # noqa: F401 - parse_budget is imported from here
 from specterbench.bench.checks import (check_context, check_device, check_device_memory, check_strategy_options,
@@ -57,6 +58,8 @@ class BenchConfig:
     warmup: bool = True
     strategy_options: dict = field(default_factory=dict)  # strategy name -> {option: value}
     decode: DecodeSetting = DEFAULT_DECODE  # greedy, or Gumbel-max sampling shared by reference, strategies and drafts
+    precision: Precision = BF16  # the target's stored weights (--expert-bits, --dense-bits): quantized before the
+    # reference is recorded, so the reference is the quantized model itself
 
     def __post_init__(self):
         if self.decode.mode == "sample" and self.decode.seed != self.seed:  # one seed: the noise follows --seed
@@ -69,6 +72,7 @@ class BenchConfig:
             raise UsageError(f"PROMPTS must be positive, got {self.prompts}")
         if self.threads <= 0:
             raise UsageError(f"threads must be positive, got {self.threads}")
+        check_threads(self.threads)
         if self.repeats <= 0:
             raise UsageError(f"repeats must be positive, got {self.repeats}")
         if self.clock not in ("modeled", "measured"):
@@ -94,6 +98,65 @@ class BenchConfig:
         return resolve_geometry(self.geometry, spec, self.clock)
 
 
+#: the warm-up prompt when every calibration prompt is a measured one too (Sonnet 18 is public domain)
+WARMUP_TEXT = ("Sometime too hot the eye of heaven shines, and often is his gold complexion dimm'd; and every fair "
+               "from fair sometime declines, by chance or nature's changing course untrimm'd.")
+
+class CellProgress:
+    """``cell 3/16 · tiny-qwen-moe · specter @ 35% · eta 2m10s``: one line per cell as it starts (on a terminal and
+    in a log alike), the ETA from the mean time of the cells finished so far in this process."""
+
+    def __init__(self, total: int, say: Callable[[str], None]):
+        self.total, self.say, self.n = total, say, 0
+        self.first: float | None = None
+
+    def start(self, what: str) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        eta = ""
+        if self.n:
+            left = (now - self.first) / self.n * (self.total - self.n)
+            eta = f" · eta {format_seconds(left)}"
+        self.n += 1
+        self.say(f"cell {self.n}/{self.total} · {what}{eta}")
+
+
+def format_seconds(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def check_threads(threads: int) -> None:
+    """Refuse more host threads than this machine has (OpenMP aborts the process on some counts)."""
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads > cores:
+        raise UsageError(f"threads {threads} is more than the {cores} CPU threads this process may use; give at "
+                         f"most {cores} (1 keeps tiny models' wall times stable)")
+
+
+_WARNED_WARMUP: set[type] = set()
+
+
+def warns_warmup_metrics(cls: type, plugin: str) -> bool:
+    """True (and one warning per class and process) when ``cls`` reports :meth:`Strategy.metrics` but has no
+    :meth:`Strategy.on_warmup_end` to restart them: its metrics then include the warm-up request."""
+    if cls.metrics is Strategy.metrics or cls.on_warmup_end is not Strategy.on_warmup_end:
+        return False
+    if cls not in _WARNED_WARMUP:
+        _WARNED_WARMUP.add(cls)
+        warn(f"strategy {cls.name!r} (plugin {plugin!r}) reports metrics() but has no on_warmup_end(): its metrics "
+             f"include the warm-up request; restart its counters in on_warmup_end (or run with --no-warmup)")
+    return True
+
+
 def resolve_geometry(geometry: str | None, spec, clock: str) -> str | None:
     """``auto`` → the real model an embedded one stands in for (modeled clock only); ``own``/None → None."""
     if geometry in (None, "own"):
@@ -117,6 +180,9 @@ class Reference:
     traces: dict[str, tuple]
     #: per prompt, {absolute position: top-2 score gap of the reference token there} (near-ties: numerics)
     margins: dict[str, dict[int, float]] = field(default_factory=dict)
+    #: the warm-up request's (id, prompt ids): a calibration prompt, never a measured one (its tokens and trace are
+    #: in ``tokens``/``traces`` under that id, for strategies that read the reference)
+    warmup: tuple[str, tuple[int, ...]] | None = None
 
 
 class ReferenceStrategy(Strategy):
@@ -213,7 +279,7 @@ class Runner:
         self.env = env if env is not None else host.environment()
         self.done: set[str] = set()
         if resume and (self.run_dir / "rows.jsonl").exists():
-            self.done = {r.cell for r in read_rows(self.run_dir / "rows.jsonl", on_error="skip")
+            self.done = {r.cell for r in read_rows(self.run_dir / "rows.jsonl", on_error="skip", allow_empty=True)
                          if r.status != "error"}
         self.rows: list[ResultRow] = []
         self._host_pool: HostPool | None = None  # one pool for host experts per run (CUDA)
@@ -226,7 +292,10 @@ class Runner:
 
     # ---- grid --------------------------------------------------------------------------------------
     def cells(self, model: str):
+        """``(key, strategy, class, budget, repeat)`` of each cell of ``model``, each key once (a strategy or budget
+        named twice is one cell: it is run and stored once)."""
         cfg = self.config
+        seen: set[str] = set()
         for sname in cfg.strategies:
             cls = self.host.strategies().get(sname)
             budgets = ([Budget("100%", fraction=cls.fixed_budget_fraction)]
@@ -237,8 +306,11 @@ class Runner:
                 for repeat in range(cfg.repeats):
                     key = "|".join([model, geometry, label, budget.key(), cfg.workload, cfg.profile,
                                     cfg.clock, str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)]
-                                   + ([] if cfg.decode.mode == "greedy" else [cfg.decode.label]))
-                    yield key, sname, cls, budget, repeat
+                                   + ([] if cfg.decode.mode == "greedy" else [cfg.decode.label])
+                                   + ([cfg.precision.label()] if cfg.precision.quantized else []))
+                    if key not in seen:
+                        seen.add(key)
+                        yield key, sname, cls, budget, repeat
 
     def run(self) -> list[ResultRow]:
         self.config.validate(self.host)
@@ -257,12 +329,13 @@ class Runner:
         torch.set_num_threads(cfg.threads)
         texts = load_prompts(cfg.workload, cfg.prompts)
         check_workload_size(cfg.workload, cfg.prompts, texts)  # before any model loads
-        for model_name in cfg.models:
-            engine = self.load_engine(model_name)
-            self.check_budgets(engine)
-            todo = [c for c in self.cells(model_name) if c[0] not in self.done]
+        plan = {m: [c for c in self.cells(m) if c[0] not in self.done] for m in dict.fromkeys(cfg.models)}
+        eta = CellProgress(sum(len(todo) for todo in plan.values()), self.progress)
+        for model_name, todo in plan.items():  # a model named twice runs once
             if not todo:
                 continue
+            engine = self.load_engine(model_name)
+            self.check_budgets(engine)
             prompts = encode_prompts(engine, texts, cfg.max_prompt_tokens)
             check_context(engine, prompts, cfg.tokens)
             self.check_device_memory(engine, prompts)  # before minutes of reference and calibration passes
@@ -273,7 +346,8 @@ class Runner:
             for key, sname, cls, budget, repeat in todo:
                 if cls.uses_calibration and calibration is None:
                     calibration = self.calibrate(engine)
-                self.progress(f"{model_name} · {sname} @ {budget.text} (repeat {repeat})")
+                eta.start(f"{model_name} · {strategy_label(sname, cfg.strategy_options.get(sname))} @ {budget.text}"
+                          + (f" (repeat {repeat})" if cfg.repeats > 1 else ""))
                 row = self.run_cell(engine, key, sname, cls, budget, repeat, prompts, reference, calibration)
                 self.writer.append(row)
                 self.rows.append(row)
@@ -283,10 +357,12 @@ class Runner:
     def load_engine(self, model_name: str) -> Engine:
         spec = self.host.models().get(model_name)
         model, tokenizer = spec.load()
+        quantize_model(model, self.config.precision)  # the reference and every cell run the quantized model
         engine = Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer)
         geometry = self.config.geometry_for(spec)
         if geometry is not None:
             engine.geometry = project(engine.own_geometry, geometry)
+        engine.set_precision(self.config.precision)
         return engine
 
     def cell_budgets(self, engine: Engine) -> list[tuple[str, int]]:
@@ -351,10 +427,25 @@ class Runner:
             yield pid, out[pid], traces[pid], rec.counts, sampler.margins
 
     def record_reference(self, engine: Engine, prompts) -> Reference:
+        """The reference of the measured ``prompts`` and of the warm-up prompt (see :meth:`warmup_prompt`)."""
         ref = Reference({}, {})
-        for pid, toks, trace, _, margins in self._resident_pass(engine, prompts, self.config.tokens):
+        ref.warmup = self.warmup_prompt(engine, prompts)
+        for pid, toks, trace, _, margins in self._resident_pass(engine, [*prompts, ref.warmup], self.config.tokens):
             ref.tokens[pid], ref.traces[pid], ref.margins[pid] = toks, trace, margins
         return ref
+
+    def warmup_prompt(self, engine: Engine, prompts) -> tuple[str, tuple[int, ...]]:
+        """The warm-up request's prompt: the first calibration prompt that is not a measured one, under an id of
+        its own (so its sampling noise is its own too). A warm-up on a measured prompt would let a learning
+        strategy see that prompt before it is measured."""
+        measured = {ids for _, ids in prompts}
+        candidates = [(f"warmup:{self.config.calibration}:{pid}", text)
+                      for pid, text in load_prompts(self.config.calibration, 10**6)] + [("warmup:text", WARMUP_TEXT)]
+        for pid, ids in encode_prompts(engine, candidates, self.config.max_prompt_tokens):
+            if ids not in measured:
+                return pid, ids
+        raise UsageError(f"every prompt of the calibration workload {self.config.calibration!r} is also measured; "
+                         f"there is none left for the warm-up (run with --no-warmup)")
 
     def calibrate(self, engine: Engine) -> Calibration:
         """Routed-token counts per (layer, expert) over the calibration workload: prefill plus 16 new tokens."""
@@ -378,7 +469,7 @@ class Runner:
             total_expert_bytes=total, profile=cfg.profile if cfg.clock == "modeled" else "-",
             clock=cfg.clock if (cfg.clock == "modeled" or engine.device.type == "cuda") else "host",
             workload=cfg.workload, prompts=len(prompts), new_tokens=cfg.tokens, seed=cfg.seed, repeat=repeat,
-            decode=cfg.decode.to_dict(), env=self.env)
+            decode=cfg.decode.to_dict(), precision=cfg.precision.label(), env=self.env)
         started = time.perf_counter()
         hooks = self.host.pm.hook
         measuring = False
@@ -396,12 +487,15 @@ class Runner:
                 return Request(pid, ids, cfg.tokens, reference.tokens[pid], reference.traces[pid], cfg.decode)
 
             if cfg.warmup:
-                pid, ids = prompts[0]
+                pid, ids = reference.warmup  # a calibration prompt: no measured prompt is seen before it is measured
                 engine.begin_warmup()
                 engine.begin_request(request(pid, ids))
                 strategy.generate(engine, request(pid, ids))
                 row.warmup = _samples(engine.samples)
+                row.warmup["prompt"] = pid
                 engine.end_warmup()  # engine counters and clock totals restart; the strategy's on_warmup_end
+                if warns_warmup_metrics(cls, entry.plugin.name):
+                    row.extra["metrics_include_warmup"] = True
             outputs, all_samples = {}, []
             if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
                 torch.cuda.reset_peak_memory_stats(engine.device)
@@ -421,8 +515,9 @@ class Runner:
             row.status = "error"
             info = describe_failure(err, strategy, engine)
             message = (str(err).strip().splitlines() or [""])[0]
-            row.error = f"{type(err).__name__}: {message}" + ("" if isinstance(err, SpecterbenchError) else where(info))
-            if not isinstance(err, SpecterbenchError):
+            located = isinstance(err, EngineViolation) or not isinstance(err, SpecterbenchError)
+            row.error = f"{type(err).__name__}: {message}" + (where(info) if located else "")
+            if located:  # the strategy broke a rule or raised: where (decision point, layer, the plugin's frame)
                 row.extra["failure"] = {k: v for k, v in info.items() if k != "traceback"}
                 row.extra["traceback"] = info["traceback"]
         finally:

@@ -23,6 +23,8 @@ Modules: ``grid`` (the grid file and its cells), ``sweep_jobs`` (what a worker r
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -68,7 +70,7 @@ class Sweep:
         done: set[str] = set()
         rows_path = self.run_dir / "rows.jsonl"
         if self.resume and rows_path.exists():
-            done = {r.cell for r in read_rows(rows_path, on_error="skip") if r.status != "error"}
+            done = {r.cell for r in read_rows(rows_path, on_error="skip", allow_empty=True) if r.status != "error"}
         todo = [c for c in self.cells if c.key not in done]
         shared: dict[tuple, SharedJob] = {}
         needs = {}
@@ -81,12 +83,15 @@ class Sweep:
 
     def run(self) -> SweepResult:
         from specterbench.bench.progress import progress
+        from specterbench.bench.runner import format_seconds
 
         self.executor.check(self.grid)
         plan = self.plan()
         writer = RowWriter(self.run_dir / "rows.jsonl")
         result = SweepResult([], len(self.cells), len(self.cells) - len(plan.cells), len(plan.shared))
         bar = progress(len(plan.cells), desc=f"sweep ({self.executor.name})", unit="cell", quiet=self.quiet)
+        lines = bar.disable and not self.quiet  # no bar (a log, CI): one line per finished cell instead
+        started = time.perf_counter()
         try:
             with contextlib.closing(self.executor.rows(plan)) as rows:
                 for row in rows:
@@ -95,8 +100,14 @@ class Sweep:
                     self.host.pm.hook.specterbench_row_written(row=row)
                     bar.update(1)
                     failed = sum(r.status != "ok" for r in result.rows)
-                    if failed:
-                        bar.set_postfix_str(f"{failed} failed")
+                    what = f"{row.model} · {row.strategy_label} @ {row.budget_fraction:.0%}"
+                    bar.set_postfix_str(what + (f" · {failed} failed" if failed else ""))
+                    if lines:
+                        n, total = len(result.rows), len(plan.cells)
+                        left = (time.perf_counter() - started) / n * (total - n)
+                        print(f"· cell {n}/{total} done · {what} · {row.status}"
+                              + (f" · eta {format_seconds(left)}" if n < total else ""), file=sys.stderr,
+                              flush=True)
         except KeyboardInterrupt:
             result.interrupted = True
         finally:

@@ -22,6 +22,7 @@ def add_sweep_parser(sub) -> None:
     s.add_argument("--run-id")
     s.add_argument("--resume", metavar="RUN_DIR", help="continue a sweep, skipping finished cells")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--wide", action="store_true", help="print every column of the table")
     s.set_defaults(func=cmd_sweep)
 
 
@@ -40,31 +41,60 @@ def cmd_sweep(args) -> int:
     else:
         if args.address:
             raise UsageError("--address is for --executor ray")
+        if args.retries:
+            raise UsageError("--retries is for --executor ray (the local pool reruns a cell whose worker died once, "
+                             "by itself); drop it or add --executor ray")
         executor = LocalExecutor(args.jobs)
     if args.resume:
+        from specterbench.bench.rundir import check_resume_target, check_same_grid, explicit_dests
+
         run_dir = Path(args.resume)
-        if not run_dir.is_dir():
-            raise UsageError(f"--resume {run_dir}: no such run folder")
+        out = args.out if "out" in explicit_dests(getattr(args, "argv", []), ["out"]) else None
+        check_resume_target(run_dir, "sweep", {"run_id": args.run_id, "out_explicit": out})
+        check_same_grid(run_dir, args.grid)
     else:
+        if args.run_id is not None and (not args.run_id.strip() or "/" in args.run_id or args.run_id in (".", "..")):
+            raise UsageError(f"--run-id {args.run_id!r} must be a plain folder name (no '/'); use --out for the "
+                             f"parent")
         run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-sweep-" + Path(args.grid).stem
         run_dir = Path(args.out) / run_id
     sweep = Sweep(host, grid, run_dir, executor=executor, resume=bool(args.resume), quiet=args.quiet)
     executor.check(grid)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    grid_copy = run_dir / "grid.toml"
-    if not grid_copy.exists():
-        grid_copy.write_text(Path(args.grid).read_text(encoding="utf-8"), encoding="utf-8")
-    host.pm.hook.specterbench_run_start(run_dir=run_dir, config=grid)
-    result = None
+    if not args.resume and (run_dir / "rows.jsonl").exists():
+        raise UsageError(f"run folder {run_dir} already holds rows; continue it with specterbench sweep {args.grid} "
+                         f"--resume {run_dir}, or pick another --run-id")
+    from specterbench.bench import rundir
+
     try:
-        result = sweep.run()
-    finally:
-        host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=result.rows if result else [])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        grid_copy = run_dir / rundir.GRID_COPY
+        if not grid_copy.exists():
+            grid_copy.write_text(Path(args.grid).read_text(encoding="utf-8"), encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot write the run folder {run_dir} ({err.strerror or err}); choose a writable --out "
+                         f"(and check free disk space)") from None
+    result = None
+    with rundir.RunLock(run_dir):
+        if args.resume:
+            rundir.repair_rows(run_dir)  # a row cut off by a kill or a full disk is set aside, as run --resume does
+        host.pm.hook.specterbench_run_start(run_dir=run_dir, config=grid)
+        try:
+            result = sweep.run()
+        except OSError as err:
+            raise UsageError(f"writing {err.filename or run_dir} failed ({err.strerror or err}); the finished rows are "
+                             f"kept; free space, then continue with specterbench sweep {args.grid} --resume "
+                             f"{run_dir}") from None
+        finally:
+            host.pm.hook.specterbench_run_end(run_dir=run_dir, rows=result.rows if result else [])
     rows_path = run_dir / "rows.jsonl"
     if rows_path.exists():
-        summary = write_summary(run_dir)
-        print(render_markdown(read_rows(rows_path)), end="")
-        print(f"rows: {rows_path}\nsummary: {summary}")
+        from specterbench.cli import _report_files
+
+        rows = read_rows(rows_path, allow_empty=True)
+        print(render_markdown(rows, wide=args.wide), end="")
+        print(f"rows: {rows_path}")
+        with _report_files(run_dir, f"specterbench report {run_dir}"):
+            print(f"summary: {write_summary(run_dir, rows)}")
     if result.interrupted:
         print(f"specterbench: interrupted; {len(result.rows)} finished rows kept in {run_dir}; continue with "
               f"specterbench sweep {args.grid} --resume {run_dir}", file=sys.stderr)

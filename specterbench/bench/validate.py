@@ -178,6 +178,20 @@ def cmd_validate(args) -> int:
     from specterbench.plugins.host import get_host
 
     check_device(args.device)
+    if not Path(args.profile).is_file():
+        host = get_host()
+        if args.profile in host.profiles().names():
+            raise UsageError(f"--profile {args.profile} is a built-in profile (another machine's published figures); "
+                             f"validate checks a profile measured on this machine: write it with `specterbench "
+                             f"calibrate --out results/profile.toml`, then validate --profile results/profile.toml")
+        raise UsageError(f"--profile {args.profile}: no such file; write this machine's profile with `specterbench "
+                         f"calibrate --out {args.profile}`, then validate it")
+    if args.threads is not None:
+        from specterbench.bench.runner import check_threads
+
+        if args.threads <= 0:
+            raise UsageError(f"--threads must be positive, got {args.threads}")
+        check_threads(args.threads)
     if args.prompts <= 0 or args.tokens <= 1:
         raise UsageError("--prompts must be positive and --tokens at least 2 (TPOT needs a decode token)")
     strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())

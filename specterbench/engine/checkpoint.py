@@ -16,6 +16,7 @@ What it reads: ``config.json`` (family and geometry), ``model.safetensors`` or t
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -145,8 +146,13 @@ def read_header(file: Path) -> tuple[dict, int]:
     try:
         with open(file, "rb") as fh:
             n = int.from_bytes(fh.read(8), "little")
+            size = os.fstat(fh.fileno()).st_size
+            if not 2 <= n <= size - 8:  # random bytes or a cut file: the length itself is nonsense
+                raise ValueError(f"its header length {n} does not fit the file's {size} bytes")
             header = json.loads(fh.read(n))
-    except (OSError, ValueError, UnicodeDecodeError) as err:
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON table")
+    except (OSError, ValueError, UnicodeDecodeError, OverflowError, MemoryError) as err:
         raise ModelError(f"{file}: not a readable safetensors file ({err}); re-download it") from None
     header.pop("__metadata__", None)
     return header, 8 + n

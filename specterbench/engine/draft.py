@@ -35,6 +35,8 @@ from torch import nn
 
 from specterbench.engine import packing
 from specterbench.engine.costs import Op
+from specterbench.engine.geometry import PRICED_DTYPE_BYTES
+from specterbench.engine.kernels import BF16, INT4_TORCH, kernel_for
 from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
 
@@ -87,8 +89,11 @@ class QuantSpec:
             return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
         return f"{self.quantizer}{self.bits}/g{self.blocksize}"
 
-    def tensor_bytes(self, n: int) -> int:
-        """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata)."""
+    def tensor_bytes(self, n: int, cols: int | None = None) -> int:
+        """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata); with
+        ``cols`` (its input dimension) the groups are those :meth:`weight_bytes` stores."""
+        if cols is not None:
+            return self.weight_bytes((n // cols, cols))
         groups = -(-n // self.blocksize)
         if self.quantizer == "bnb":
             return (n * self.bits + 7) // 8 + groups * 4  # fp32 absmax per block
@@ -96,6 +101,14 @@ class QuantSpec:
             return (n * self.bits + 7) // 8 + (groups * (16 + self.bits) + 7) // 8  # fp16 scale, b-bit zero
         packed = -(-groups // 10) * self.blocksize * 4 if self.bits == 3 else (n * self.bits + 7) // 8
         return packed + groups * 4  # hqq: 3-bit packs ten values per int32; fp16 scale and zero per group
+
+    def groups(self, n: int, cols: int | None = None) -> int:
+        """Quantization groups stored for a weight of ``n`` values with ``cols`` input columns (bnb: blocks over the
+        flattened weight; int and hqq: per row, a row that is not a multiple of the group being one group)."""
+        if cols is None or self.quantizer == "bnb":
+            return -(-n // self.blocksize)
+        rows = n // cols
+        return rows * (cols // self.blocksize if cols % self.blocksize == 0 else 1)
 
     def weight_bytes(self, shape) -> int:
         """Device bytes of one weight ``[R, C]`` as :mod:`~specterbench.engine.packing` stores it: packed values plus
@@ -158,6 +171,19 @@ def expert_scratch_bytes(engine, spec: QuantSpec) -> int:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def price_kernel(kernels, spec: QuantSpec):
+    """The :class:`~specterbench.engine.kernels.LowBitKernel` that prices weights run by ``kernels`` (the names
+    :class:`~specterbench.engine.packing.PackedWeight` reports): torch's int4 mm and bitsandbytes' 4-bit gemv at
+    their measured efficiency; a weight dequantized into the 16-bit scratch is a 16-bit GEMM, its unpacking paid as
+    the scratch's write and read (in the caller's bytes) and the dequantization's launches."""
+    kernels = set(kernels)
+    if "dequant" in kernels:
+        return BF16
+    if kernels <= {"int4mm", "bnb-gemv"}:
+        return INT4_TORCH
+    return kernel_for(spec)  # pragma: no cover - a kernel this module does not know yet
 
 
 def quantized_bytes(engine, spec: QuantSpec) -> int:
@@ -283,6 +309,7 @@ class QuantizedDense:
         weights = sum(p.shape[0] * p.shape[1] for p in self.packed) or 1
         dequant = sum(p.shape[0] * p.shape[1] for p in self.packed if p.kernel == "dequant") / weights
         self.kernels = sorted({p.kernel for p in self.packed})
+        self.kernel = price_kernel(self.kernels, spec)  # how the modeled clock prices the kernels that read this copy
         self.bytes_ratio = stored + 2 * dequant  # a dequantized weight: 16-bit written to scratch and read back
         self._active = False
 
@@ -384,10 +411,12 @@ class QuantizedExperts:
         first = self.packed[next(iter(self.packed))]
         elems = max(p.scratch_elems() for p in first)
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
-        self.kernel = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"
+        self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft
+        self.kernel = price_kernel([p.kernel for p in first], spec)  # and how the modeled clock prices it
         self.dequantized = sum(p.kernel == "dequant" for p in first) / 2  # share of weights dequantized per call
         packed_bytes = sum(spec.weight_bytes(w.shape) for pair in engine.store.weights.values() for w in pair)
-        self.stored_ratio = packed_bytes / engine.total_expert_bytes  # ≈ 0.28 nf4/b64, ≈ 0.26 int4/g128
+        # over 16-bit weights (the cost model's unit), whatever the target's own precision: ≈ 0.28 nf4/b64, 0.26 int4
+        self.stored_ratio = packed_bytes / (PRICED_DTYPE_BYTES * engine.store.total_params)
         # what computing an expert reads and writes over a 16-bit expert's bytes, the price strategies estimate
         # with: the packed bytes, plus a 16-bit write and read of the scratch where a weight is dequantized
         self.bytes_ratio = self.stored_ratio + 2 * self.dequantized
@@ -427,7 +456,7 @@ class QuantizedExperts:
         with the dequantization's launches."""
         engine = self.engine
         costs = engine.clock.costs
-        engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio))
+        engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio, self.kernel))
         if self.dequantized:
             g = costs.geometry
             launches = round(self.DEQUANT_LAUNCHES * 2 * self.dequantized * len(n_tokens) * g.layer_scale)

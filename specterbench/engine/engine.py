@@ -22,6 +22,7 @@ from specterbench.engine.cache import DeviceCache
 from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.geometry import Geometry, geometry_from_config
+from specterbench.engine.precision import BF16
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
@@ -165,7 +166,9 @@ class Engine(CacheControl):
         self.recorder: RoutingRecorder | None = None
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
         self.host_placed_s = 0.0  # host seconds of this layer's misses placed on the host, not yet started
+        self.precision = BF16  # the target's stored precision (``--expert-bits``/``--dense-bits``): set_precision()
         self.dense_ratio = 1.0  # weight bytes of the dense layers and head over 16-bit in this pass (a draft's copy)
+        self.dense_kernel = None  # the kernel reading them (None: 16-bit; a draft copy's LowBitKernel)
         self.samples: list[StepSample] = []
         self.warming_up = False  # True between begin_warmup() and end_warmup()
         self.current_layer: int | None = None  # the MoE layer being run (None between layers' experts)
@@ -177,6 +180,7 @@ class Engine(CacheControl):
         self._wants_landed = False
         self._budget_bytes = self._device_bytes_left = 0
         self._pending: set = set()
+        self._routed_guard = False
         self._mark = (0.0, 0.0, 0.0)
         self._reuse_after = None  # CUDA: the compute stream's event at the last eviction (see residency.slot_copy)
 
@@ -211,6 +215,20 @@ class Engine(CacheControl):
     def min_budget_bytes(self) -> int:
         """What one decode forward needs: the top-k experts of one layer."""
         return self.top_k * self.expert_bytes
+
+    def set_precision(self, precision) -> None:
+        """The target's weights were quantized with ``precision`` (:func:`~specterbench.engine.precision.
+        quantize_model`, before this engine was built): bill every expert at its stored (packed) bytes — cache,
+        budgets and link ledger — and price the geometry at those bits."""
+        from specterbench.engine.precision import priced_geometry
+
+        self.precision = precision
+        self.dense_ratio, self.dense_kernel = precision.dense_ratio, precision.dense_kernel
+        gu, dn = self.store.weights[(0, 0)]
+        self.store.bill_stored_bytes(precision.expert_bytes(gu.shape, dn.shape))
+        own = self.geometry is self.own_geometry
+        self.own_geometry = priced_geometry(self.own_geometry, precision)
+        self.geometry = self.own_geometry if own else priced_geometry(self.geometry, precision)
 
     # ---- cell setup ----------------------------------------------------------------------------------
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
@@ -298,7 +316,8 @@ class Engine(CacheControl):
         self.forward_tokens = T
         self.context_len = before + T
         self.expert_override = experts
-        self.dense_ratio = 1.0 if dense is None else dense.bytes_ratio
+        self.dense_ratio = self.precision.dense_ratio if dense is None else dense.bytes_ratio  # None: the target's
+        self.dense_kernel = self.precision.dense_kernel if dense is None else dense.kernel
         if experts is None:
             self.strategy.on_step_start(T)
         self._charge_dense_layers(T)
@@ -306,10 +325,10 @@ class Engine(CacheControl):
             with dense if dense is not None else contextlib.nullcontext():
                 out = self.model(input_ids=input_ids.to(self.device), use_cache=True,
                                  logits_to_keep=0 if all_logits else 1, **{self.cache_kwarg: kv})
-            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio))
+            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio, self.dense_kernel))
         finally:
             self.expert_override = None
-            self.dense_ratio = 1.0
+            self.dense_ratio, self.dense_kernel = self.precision.dense_ratio, self.precision.dense_kernel
             self.current_layer = self.current_hidden = self.routing = None
         if kv.get_seq_length() != before + T:  # a cache passed under a name the forward swallows stays empty
             raise EngineViolation(f"the KV cache holds {kv.get_seq_length()} positions after a forward of {T} "
@@ -368,20 +387,21 @@ class Engine(CacheControl):
         ``engine.clock.costs.experts_fused(...)``) on the compute stream; its price in seconds."""
         return self.clock.compute(*op)
 
-    def charge_expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> float:
-        """Charge one expert over ``n_tokens`` (``bytes_ratio`` < 1 for a quantized copy) on the compute stream."""
+    def charge_expert(self, n_tokens: int, bytes_ratio: float | None = None) -> float:
+        """Charge one expert over ``n_tokens`` on the compute stream (``bytes_ratio``: a quantized copy's bytes over
+        16-bit; None: the target's own expert at its stored precision)."""
         return self.clock.compute(*self.clock.costs.expert(n_tokens, bytes_ratio))
 
     def _charge_dense_layers(self, T: int) -> None:
         g, costs = self.geometry, self.clock.costs
         for _ in range(g.layers - g.moe_layers):
             self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False,
-                                                  bytes_ratio=self.dense_ratio))
+                                                  bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
 
     def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         """One MoE layer through the cache (the seam's call); phases in :mod:`specterbench.engine.moe_layer`."""
         self.clock.compute(*self.clock.costs.dense_layer(hidden.shape[0], self.context_len, moe=True,
-                                                         bytes_ratio=self.dense_ratio))
+                                                         bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
         if self.expert_override is not None:
             return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         groups = group_tokens(top_k_index, top_k_weights, self.num_experts)
@@ -391,11 +411,15 @@ class Engine(CacheControl):
         self.current_layer, self.current_hidden = layer, hidden
         self.routing = LayerRouting(layer, hidden, top_k_index, top_k_weights, groups, self.gates[layer])
         self._deliver_landed()
-        self.strategy.before_layer(layer, groups.experts, groups.tokens_per_expert)
         self._pending = {(layer, e) for e in groups.experts}
-        outputs: dict = {}
-        self.host_placed_s = 0.0
-        elsewhere = moe_layer.place(self, layer, groups)
+        self._routed_guard = True  # until placed, the strategy may not evict what this layer is routed to
+        try:
+            self.strategy.before_layer(layer, groups.experts, groups.tokens_per_expert)
+            outputs: dict = {}
+            self.host_placed_s = 0.0
+            elsewhere = moe_layer.place(self, layer, groups)
+        finally:
+            self._routed_guard = False
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
         moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
         moe_layer.join_host(self, jobs, hidden, outputs)

@@ -41,6 +41,7 @@ class CacheControl:
     def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
         """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
         ``priority`` starts earlier (ties in issue order); see :mod:`specterbench.plugins.strategy`."""
+        self._check_key("prefetch", key)
         slot = self.cache.get(key)
         if slot is not None:
             return PrefetchResult.CACHED if self.clock.ready(slot.transfer) else PrefetchResult.IN_FLIGHT
@@ -62,8 +63,14 @@ class CacheControl:
         return True
 
     def evict(self, key: ExpertKey) -> None:
-        """Drop a cached expert; a copy not yet started is cancelled, one on the link cannot be evicted."""
+        """Drop a cached expert; a copy not yet started is cancelled, one on the link cannot be evicted, and one the
+        running layer is routed to cannot be evicted before the layer has computed it (from ``before_layer``,
+        ``on_miss`` or ``place_miss``)."""
         slot = self.cache.get(key)
+        if slot is not None and self._routed_guard and key in self._pending and key != self.cache.in_use:
+            raise EngineViolation(f"evicting expert {key}, which the running layer is routed to and has not computed "
+                                  f"yet, is refused (spare the layer's experts, engine.routing.experts, or evict "
+                                  f"from after_layer)")
         if slot is None:
             raise EngineViolation(f"expert {key} is not cached, so it cannot be evicted")
         if not self.clock.ready(slot.transfer):
@@ -85,6 +92,17 @@ class CacheControl:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self.device))
             self._reuse_after = event
+
+    def _check_key(self, call: str, key) -> None:
+        """A key that names no expert of this model is a named error, not a KeyError from the store."""
+        try:
+            layer, expert = key
+            ok = 0 <= int(layer) < self.num_layers and 0 <= int(expert) < self.num_experts
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise EngineViolation(f"{call}({key!r}): no such expert; keys are (moe_layer, expert) with moe_layer in "
+                                  f"0..{self.num_layers - 1} and expert in 0..{self.num_experts - 1}")
 
     def candidates(self, protect: Collection[ExpertKey] = ()) -> Candidates:
         """Cached experts that may be evicted now (not in use, not on the link, not in ``protect``), least

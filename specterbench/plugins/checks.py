@@ -4,7 +4,8 @@ A strategy is plain methods the engine calls by name, so a typo is not an error 
 ``choose_victm`` is simply never called and the strategy runs with the default eviction. These checks run once per
 class, when its plugin calls ``register(cls)``, and raise :class:`~specterbench.errors.PluginError` for
 
-- a class that is not a :class:`~specterbench.Strategy` subclass, or whose ``name`` is not a non-empty string;
+- a class that is not a :class:`~specterbench.Strategy` subclass, or whose ``name`` is not a non-empty string, or
+  whose ``version`` is empty or not a string;
 - a method whose name is a near miss of a decision point (``choose_victm``: did you mean
   ``choose_victim(self, candidates, needed)``?) — found with :func:`difflib.get_close_matches`;
 - a class attribute that is a near miss of a contract attribute (``losless = False``: did you mean ``lossless``?),
@@ -13,7 +14,8 @@ class, when its plugin calls ``register(cls)``, and raise :class:`~specterbench.
   it is called with;
 - a method written against a contract that has changed since (:data:`CHANGED`), with what changed.
 
-Each message names the plugin, the class, the method or attribute and the fix. Helpers whose names merely resemble
+Each message names the plugin, the class, the method or attribute and the fix; :func:`strategy_problems` gives
+every problem of a class (the host warns about each and leaves the class out), :func:`check_strategy` the first. Helpers whose names merely resemble
 a decision point are refused too: give them a name unlike one (``_pick`` rather than ``choose_victims``).
 """
 
@@ -78,15 +80,26 @@ def contract_attributes() -> dict[str, object]:
 
 
 def check_strategy(cls, plugin: str) -> None:
-    """Refuse ``cls``, registered by ``plugin``, in one line if the engine would call it wrongly or not at all."""
+    """Refuse ``cls``, registered by ``plugin``, in one line if the engine would call it wrongly or not at all (the
+    first of :func:`strategy_problems`)."""
+    problems = strategy_problems(cls, plugin)
+    if problems:
+        raise PluginError(problems[0])
+
+
+def strategy_problems(cls, plugin: str) -> list[str]:
+    """Every reason to refuse ``cls``, registered by ``plugin``, one line each (empty when it is fine): the plugin
+    host warns about each, so a plugin author fixes them all in one round."""
     from specterbench.plugins.strategy import Strategy
 
     where = f"plugin {plugin!r}"
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):
-        raise PluginError(f"{where} registered {cls!r}, which is not a specterbench.Strategy subclass")
+        return [f"{where} registered {cls!r}, which is not a specterbench.Strategy subclass; register a subclass "
+                f"of specterbench.Strategy"]
+    problems = []
     if not isinstance(cls.name, str) or not cls.name.strip():
-        raise PluginError(f"{where}: {cls.__qualname__} has no name; set the class attribute name = '...' (what "
-                          f"--strategies selects)")
+        problems.append(f"{where}: {cls.__qualname__} has no name; set the class attribute name = '...' (what "
+                        f"--strategies selects)")
     points, attributes = decision_points(), contract_attributes()
     for klass in cls.__mro__[: cls.__mro__.index(Strategy)]:  # the plugin's own classes, not the base
         for attr, value in vars(klass).items():
@@ -94,16 +107,20 @@ def check_strategy(cls, plugin: str) -> None:
                 continue
             label = f"{where}: {klass.__qualname__}.{attr}"
             func = _function(value)
-            if func is None:
-                _check_attribute(label, attr, value, attributes, points)
-            elif attr in points:
-                _check_signature(label, attr, func, points[attr])
-            else:
-                near = difflib.get_close_matches(attr, list(points), n=1, cutoff=CUTOFF)
-                if near:
-                    raise PluginError(f"{label} is not a decision point and would never be called; did you mean "
-                                      f"{near[0]}{_plain(points[near[0]])}? (rename it, or give a helper a name "
-                                      f"unlike a decision point)")
+            try:
+                if func is None:
+                    _check_attribute(label, attr, value, attributes, points)
+                elif attr in points:
+                    _check_signature(label, attr, func, points[attr])
+                else:
+                    near = difflib.get_close_matches(attr, list(points), n=1, cutoff=CUTOFF)
+                    if near:
+                        raise PluginError(f"{label} is not a decision point and would never be called; did you "
+                                          f"mean {near[0]}{_plain(points[near[0]])}? (rename it, or give a helper "
+                                          f"a name unlike a decision point)")
+            except PluginError as err:
+                problems.append(str(err))
+    return problems
 
 
 def _check_signature(label: str, attr: str, func, base: inspect.Signature) -> None:
@@ -126,6 +143,9 @@ def _check_attribute(label: str, attr: str, value, attributes: dict, points: dic
     if attr in points:
         raise PluginError(f"{label} is {type(value).__name__}, not a method; the engine calls "
                           f"{attr}{_plain(points[attr])}")
+    if attr == "version" and (isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip()):
+        raise PluginError(f"{label} = {value!r} is no version; set version = '1' (rows record it, and the gate "
+                          f"compares only rows of one strategy version)")
     if attr in BOOL_ATTRIBUTES and not isinstance(value, bool):
         raise PluginError(f"{label} = {value!r} must be True or False")
     if attr == "fixed_budget_fraction" and value is not None and not (

@@ -11,8 +11,11 @@ Environment:
 A third-party plugin that fails to import or to register (a hook that matches no hook spec, a hook with the wrong
 arguments) does not stop unrelated commands: it is left out with a one-line warning that names it and how to
 block it, ``specterbench plugins`` lists it as failed, and asking for a name it might have provided says so.
-Strategies are checked when they register (:func:`check_strategy`): a method that looks like a misspelled
-decision point, or a decision point that cannot take the engine's arguments, is rejected in one line.
+Strategies are checked when they register (:func:`check_strategy`): a class with a method that looks like a
+misspelled decision point, a decision point that cannot take the engine's arguments, no version, or a name another
+plugin took first is left out with one warning line per problem (naming the plugin, the class, the fix and
+``SPECTERBENCH_BLOCK_PLUGINS=<plugin>``); everything else still loads, ``specterbench plugins`` lists it as refused,
+and asking to run it says why in one line.
 """
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ class PluginFailure:
 
 
 @dataclass(frozen=True, slots=True)
+class Refusal:
+    """Something a plugin registered that the host left out (a misspelled decision point, a taken name, ...)."""
+
+    kind: str  # "strategy", "model", ...
+    name: str  # the name it asked for (the class's name when it has none)
+    owner: str  # the class or object registered, e.g. "MyStrategy"
+    plugin: PluginInfo
+    problems: tuple[str, ...]  # one line each: what is wrong and the fix
+
+
+@dataclass(frozen=True, slots=True)
 class Registered:
     name: str
     obj: Any
@@ -67,14 +81,22 @@ class Registry:
         self.kind = kind
         self.items: dict[str, Registered] = {}
         self.failed = failed  # plugins left out (failed to import or register): named when a lookup misses
+        self.refused: dict[str, Refusal] = {}  # left out at registration, by the name asked for
+
+    def refuse(self, refusal: Refusal) -> None:
+        """Leave ``refusal`` out, with one warning line per problem; asking for its name later says why."""
+        self.refused.setdefault(refusal.name, refusal)
+        for problem in refusal.problems:
+            warn(f"{problem}; {refusal.owner} is left out (or block the plugin: "
+                 f"{BLOCK_ENV}={refusal.plugin.name})")
 
     def add(self, name: str, obj: Any, plugin: PluginInfo) -> None:
         if not name:
             raise PluginError(f"plugin {plugin.name!r} registered a {self.kind} without a name")
         if name in self.items:
             first = self.items[name].plugin.name
-            raise PluginError(f"{self.kind} {name!r} is registered twice: by plugin {first!r} and by "
-                              f"{plugin.name!r}; rename one or block a plugin with {BLOCK_ENV}")
+            raise PluginError(f"plugin {plugin.name!r}: {_owner(obj)} registers {self.kind} {name!r}, which plugin "
+                              f"{first!r} registered first (a name registered twice); give it another name")
         self.items[name] = Registered(name, obj, plugin)
 
     def names(self) -> list[str]:
@@ -87,6 +109,11 @@ class Registry:
         try:
             return self.items[name]
         except KeyError:
+            refused = self.refused.get(name)
+            if refused is not None:
+                raise UsageError(f"{self.kind} {name!r} ({refused.owner}, plugin {refused.plugin.name!r}) was refused "
+                                 f"at registration: {refused.problems[0]}; fix the plugin, or choose another "
+                                 f"{self.kind} (see `specterbench plugins`)") from None
             close = closest(name, self.names())
             hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
             failed = (f"; plugin(s) {', '.join(map(repr, self.failed))} failed to load (see `specterbench plugins`)"
@@ -156,7 +183,7 @@ class PluginHost:
                 try:  # a broken third-party plugin is left out, loudly; the other commands go on
                     self._register(_import(ep.name, ep.value, ep.load), info)
                 except PluginError as err:
-                    self._fail(info, str(err))
+                    self._fail(info, getattr(err, "problems", None) or [str(err)])
         from specterbench import __version__
 
         for name, module in DEFAULT_PLUGINS:
@@ -169,10 +196,11 @@ class PluginHost:
             warn(f"{BLOCK_ENV} names {', '.join(map(repr, unknown))}, which no installed plugin is called; "
                  f"installed: {', '.join(sorted({ep.name for ep in entry_points} | {n for n, _ in DEFAULT_PLUGINS}))}")
 
-    def _fail(self, info: PluginInfo, error: str) -> None:
-        self._failed[info.name] = PluginFailure(info, error)
-        warn(f"{error}; it is left out (block it with {BLOCK_ENV}={info.name}, or fix or uninstall "
-             f"{info.distribution})")
+    def _fail(self, info: PluginInfo, errors: list[str]) -> None:
+        self._failed[info.name] = PluginFailure(info, "; ".join(errors))
+        for error in errors:
+            warn(f"{error}; it is left out (block it with {BLOCK_ENV}={info.name}, or fix or uninstall "
+                 f"{info.distribution})")
 
     def _register(self, obj, info: PluginInfo) -> None:
         """Register one plugin and check its hooks; a bad plugin raises :class:`PluginError` and stays out."""
@@ -185,9 +213,14 @@ class PluginHost:
                    and not any(i.optionalhook for i in h.get_hookimpls() if i.plugin is obj)]
         if unknown:
             self._pm.unregister(obj)
-            near = difflib.get_close_matches(unknown[0], hook_names(), n=1, cutoff=0.0)
-            raise PluginError(f"plugin {info.name!r} implements unknown hook {unknown[0]!r}; "
-                              f"did you mean {near[0]!r}? (hooks: specterbench/plugins/hookspecs.py)")
+            problems = []
+            for hook in unknown:
+                near = difflib.get_close_matches(hook, hook_names(), n=1, cutoff=0.0)
+                problems.append(f"plugin {info.name!r} implements unknown hook {hook!r}; did you mean {near[0]!r}? "
+                                f"(hooks: specterbench/plugins/hookspecs.py)")
+            err = PluginError(problems[0] if len(problems) == 1 else "; ".join(problems))
+            err.problems = problems
+            raise err
         self._plugins[info.name] = info
         self._registries.clear()
 
@@ -204,19 +237,46 @@ class PluginHost:
         self._registries.clear()
 
     # ---- registries --------------------------------------------------------------------------------
-    def _registry(self, kind: str, hook_name: str, key, check=lambda obj, info: None) -> Registry:
+    def _registry(self, kind: str, hook_name: str, key, check=lambda obj, info: []) -> Registry:
+        """The registry of one kind, built once: each plugin's registrations, built-ins first (a third-party name
+        that clashes with a built-in is the one left out). Whatever a plugin registers wrongly is left out with one
+        warning line per problem; everything else it registers, and every other plugin, stays."""
         if kind not in self._registries:
             reg = Registry(kind, tuple(self.failed))
 
             def add(obj, info):
-                check(obj, info)
-                reg.add(key(obj), obj, info)
+                try:
+                    name = key(obj)
+                except AttributeError:
+                    name = None
+                label = name if isinstance(name, str) and name.strip() else _owner(obj)
+                problems = list(check(obj, info))
+                if not problems:
+                    try:
+                        reg.add(name, obj, info)
+                    except PluginError as err:
+                        problems.append(str(err))
+                if problems:
+                    reg.refuse(Refusal(kind, label, _owner(obj), info, tuple(problems)))
 
-            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+            for impl in sorted(impls, key=lambda i: self.plugins[i.plugin_name].distribution != "specterbench"):
                 info = self.plugins[impl.plugin_name]
-                impl.function(register=lambda obj, info=info: add(obj, info))
+                try:
+                    impl.function(register=lambda obj, info=info: add(obj, info))
+                except Exception as err:  # the plugin's hook itself broke: its registrations so far stay
+                    reg.refuse(Refusal(kind, f"({info.name})", hook_name, info, (
+                        f"plugin {info.name!r}: {hook_name} raised {type(err).__name__}: "
+                        f"{(str(err).splitlines() or [''])[0]}; fix it or uninstall {info.distribution}",)))
             self._registries[kind] = reg
         return self._registries[kind]
+
+    def refusals(self) -> list[Refusal]:
+        """Everything left out at registration, over every registry (building them)."""
+        out = []
+        for make in (self.strategies, self.models, self.profiles, self.host_profiles):
+            out += list(make().refused.values())
+        return out
 
     def strategies(self) -> Registry:
         return self._registry("strategy", "specterbench_register_strategies", lambda cls: cls.name,
@@ -226,10 +286,10 @@ class PluginHost:
         return self._registry("model", "specterbench_register_models", lambda spec: spec.name)
 
     def profiles(self) -> Registry:
-        return self._registry("profile", "specterbench_register_profiles", lambda p: p.name)
+        return self._registry("profile", "specterbench_register_profiles", lambda p: p.name, check_figures)
 
     def host_profiles(self) -> Registry:
-        return self._registry("host profile", "specterbench_register_host_profiles", lambda p: p.name)
+        return self._registry("host profile", "specterbench_register_host_profiles", lambda p: p.name, check_figures)
 
     def hooks_of(self, name: str) -> list[str]:
         plugin = self.pm.get_plugin(name)
@@ -249,13 +309,32 @@ class PluginHost:
         return merged
 
 
-def check_strategy(cls, plugin: PluginInfo) -> None:
-    """Refuse, in one line, a strategy class the engine would call wrongly (see :mod:`specterbench.plugins.checks`:
-    not a Strategy, a misspelled decision point or attribute, a decision point that cannot take the engine's
-    arguments, a decision point whose contract changed)."""
-    from specterbench.plugins.checks import check_strategy as check
+def check_strategy(cls, plugin: PluginInfo) -> list[str]:
+    """Every reason to refuse a strategy class, one line each (see :mod:`specterbench.plugins.checks`: not a
+    Strategy, a misspelled decision point or attribute, a decision point that cannot take the engine's arguments, a
+    decision point whose contract changed, no version)."""
+    from specterbench.plugins.checks import strategy_problems
 
-    check(cls, plugin.name)
+    return strategy_problems(cls, plugin.name)
+
+
+def check_figures(profile, plugin: PluginInfo) -> list[str]:
+    """A profile's numbers must be finite and not negative (``inf`` FLOP/s would price every kernel at zero)."""
+    import dataclasses
+    import math
+
+    if not dataclasses.is_dataclass(profile):
+        return []
+    return [f"plugin {plugin.name!r}: {_owner(profile)} {getattr(profile, 'name', '?')!r} has {f.name} = "
+            f"{getattr(profile, f.name)!r}; give a finite number >= 0"
+            for f in dataclasses.fields(profile)
+            if isinstance(getattr(profile, f.name), float) and not (math.isfinite(getattr(profile, f.name))
+                                                                    and getattr(profile, f.name) >= 0)]
+
+
+def _owner(obj) -> str:
+    """What a plugin registered, for messages: a class's name, or the type of an object."""
+    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
 
 
 def _import(name: str, target: str, load):

@@ -1,5 +1,6 @@
 """``specterbench plugins [--json]``: every plugin loaded, where it comes from, the hooks it implements and what it
-registered; plugins that failed to import or register, with the error; installed entry points that were not
+registered; plugins that failed to import or register, with the error; what plugins registered that was refused
+(a misspelled decision point, a taken name), with every problem; installed entry points that were not
 loaded, and why (blocked, autoload disabled, name taken)."""
 
 from __future__ import annotations
@@ -53,7 +54,10 @@ def describe(host: PluginHost) -> dict:
             reason = f"the name {ep.name!r} is taken by {loaded.module if loaded else '?'}"
         not_loaded.append({"name": ep.name, "module": ep.value, "distribution": ep.dist.name if ep.dist else "?",
                            "version": ep.dist.version if ep.dist else "?", "reason": reason})
-    return {"autoload": autoload, "blocked": blocked, "plugins": plugins, "failed": failed, "not_loaded": not_loaded}
+    refused = [{"plugin": r.plugin.name, "kind": r.kind, "name": r.name, "class": r.owner,
+                "distribution": r.plugin.distribution, "problems": list(r.problems)} for r in host.refusals()]
+    return {"autoload": autoload, "blocked": blocked, "plugins": plugins, "failed": failed, "refused": refused,
+            "not_loaded": not_loaded}
 
 
 def cmd_plugins(args) -> int:
@@ -73,6 +77,12 @@ def cmd_plugins(args) -> int:
         print("failed to load (left out):")
         for p in data["failed"]:
             print(f"  {p['name']}  {p['distribution']} {p['version']}  [{p['module']}]: {p['error']}")
+    if data["refused"]:
+        print("refused at registration (left out; the rest of each plugin loaded):")
+        for r in data["refused"]:
+            print(f"  {r['kind']} {r['name']}  [{r['plugin']}: {r['class']}]")
+            for problem in r["problems"]:
+                print(f"      {problem}")
     if data["not_loaded"]:
         print("installed, not loaded:")
         for p in data["not_loaded"]:

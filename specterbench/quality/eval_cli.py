@@ -71,8 +71,11 @@ def parse_drafts(text: str | None) -> tuple[dict, ...] | None:
 
     from specterbench.engine.draft import QuantSpec
 
-    if not text:
+    if text is None:
         return None
+    if not _csv(text):
+        raise UsageError("--drafts is empty; give quantizations, e.g. --drafts int4/g128,nf4/b64, or leave it out for "
+                         "one draft row")
     out = []
     for item in _csv(text):
         item, _, dense = item.partition("+d")
@@ -104,8 +107,14 @@ def cmd_eval(args) -> int:
 
     host = get_host()
     torch.set_num_threads(1)
+    if args.model.strip() == "," or (args.model and not _csv(args.model)):
+        raise UsageError("--model is empty; name a model (e.g. --model tiny-mixtral), or leave --model out for the "
+                         "embedded models")
+    if not args.strategies.strip():
+        raise UsageError("--strategies is empty; name strategies (e.g. --strategies lru,specter), or give 'default', "
+                         "'all' or 'none'")
     models = _csv(args.model) or default_models(host)
-    if args.strategies in ("default", ""):
+    if args.strategies == "default":
         strategies = default_strategies(host)
     elif args.strategies == "none":
         strategies = []
@@ -125,8 +134,13 @@ def cmd_eval(args) -> int:
             raise UsageError(f"malformed --set {pair!r}; write STRATEGY.OPTION=VALUE, e.g. specter.k=4")
         name, option = lhs.split(".", 1)
         options.setdefault(name, {})[option] = value
+    decode, drafts = check_eval_options(args, host, models, strategies, options)  # all before any evaluation
     run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + models[0]
+    if "/" in run_id or run_id in (".", ".."):
+        raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")
     run_dir = Path(args.out) / f"eval-{run_id}"
+    if (run_dir / "eval.jsonl").exists():
+        raise UsageError(f"{run_dir} already holds an evaluation; pick another --run-id")
     _quiet_libraries()
     progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -138,11 +152,10 @@ def cmd_eval(args) -> int:
             f.flush()
             os.fsync(f.fileno())
 
-    from specterbench.cli import decode_setting
-
     rows = run_eval(models, strategies, _csv(args.tasks), limit=args.limit, budget=args.budget,
-                    decode=decode_setting(args), profile=args.profile, device=args.device, strategy_options=options,
-                    include_path=args.include_path, draft=not args.no_draft, drafts=parse_drafts(args.drafts), bootstrap_iters=args.bootstrap_iters,
+                    decode=decode, profile=args.profile, device=args.device, strategy_options=options,
+                    include_path=args.include_path, draft=not args.no_draft, drafts=drafts,
+                    bootstrap_iters=args.bootstrap_iters,
                     run_id=run_id, progress=progress, writer=write)
     report = write_report(run_dir, rows, limit=args.limit, budget=args.budget, profile=args.profile)
     print(render_markdown(rows), end="")
@@ -153,6 +166,40 @@ def cmd_eval(args) -> int:
               "; ".join(f"{r.model}/{r.variant}/{r.task}: {r.error}" for r in failed), file=sys.stderr)
         return 1
     return 0
+
+
+def check_eval_options(args, host, models, strategies, options):
+    """Every eval option that can be checked without a model, checked now (a bad one is one line before any
+    evaluation starts); returns the decode setting and the drafts."""
+    from specterbench.bench.checks import check_device
+    from specterbench.cli import decode_setting
+    from specterbench.quality.eval_rows import DRAFT
+
+    for name in models:
+        host.models().entry(name)
+    for name in strategies:
+        host.strategies().entry(name)
+    for name, opts in options.items():
+        if name == DRAFT:
+            continue
+        cls = host.strategies().get(name)
+        if name not in strategies:
+            raise UsageError(f"--set {name}.{next(iter(opts))}: strategy {name!r} is not in this evaluation "
+                             f"({', '.join(strategies) or 'none'}); add it to --strategies or drop the --set")
+        unknown = sorted(set(opts) - set(cls.option_names()))
+        if unknown:
+            raise UsageError(f"--set {name}.{unknown[0]}: strategy {name!r} has no option {unknown[0]!r}; it "
+                             f"accepts: {', '.join(cls.option_names()) or 'none'}")
+    if not _csv(args.tasks):
+        raise UsageError("--tasks is empty; name lm-eval tasks or groups (default: specterbench_suite)")
+    if args.include_path is not None and not Path(args.include_path).exists():
+        raise UsageError(f"--include-path {args.include_path}: no such folder; give a folder of lm-eval task YAML "
+                         f"files")
+    if args.bootstrap_iters < 0:
+        raise UsageError(f"--bootstrap-iters must be >= 0, got {args.bootstrap_iters}")
+    host.profiles().entry(args.profile)
+    check_device(args.device)
+    return decode_setting(args), parse_drafts(args.drafts)
 
 
 def _quiet_libraries() -> None:

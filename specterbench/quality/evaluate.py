@@ -117,6 +117,10 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
         host.models().entry(name)
     env = env if env is not None else host.environment()
     rows: list[EvalRow] = []
+    from specterbench.bench.runner import CellProgress
+
+    per_model = 1 + len(strategies) + (len(drafts or (None,)) if draft else 0)
+    cells = CellProgress(len(models) * per_model, progress)
     for model in models:
         engine = load_engine(model, device, host)
         calibration = None
@@ -126,7 +130,7 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
             variants += draft_variants(drafts, strategy_options.get(DRAFT, {}))
         for variant, lm_variant, options in variants:
             kind = lm_variant if lm_variant in (REFERENCE, DRAFT) else "strategy"
-            progress(f"{model} · {variant}")
+            cells.start(f"{model} · {variant}")
             base = dict(run_id=run_id, model=model, variant=variant, kind=kind, limit=limit, env=env)
             if kind == "strategy":
                 base["lossless"] = bool(host.strategies().get(variant).lossless)

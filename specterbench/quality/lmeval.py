@@ -132,7 +132,9 @@ class SpecterbenchLM(TemplateLM):
             decode = DecodeSetting(mode=decode)
         self.decode = decode if isinstance(decode, DecodeSetting) else DecodeSetting.from_dict(decode) \
             if decode else GREEDY
-        self.progress = str(progress).lower() not in ("false", "0", "no")
+        from specterbench.bench.progress import is_quiet
+
+        self.progress = str(progress).lower() not in ("false", "0", "no") and not is_quiet()
         self._setup(options)
 
     # ---- setup -------------------------------------------------------------------------------------
@@ -384,13 +386,50 @@ def _has_include_path(argv: list[str]) -> bool:
     return any(a == "--include_path" or a.startswith("--include_path=") for a in argv)
 
 
+def _value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv`` (``--flag v`` or ``--flag=v``); None when absent."""
+    for i, token in enumerate(argv):
+        if token == flag:
+            return argv[i + 1] if i + 1 < len(argv) else ""
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def check_wrapper_args(argv: list[str]) -> None:
+    """What lm-eval would accept silently or fail on with a traceback, refused in one line first: the
+    ``specterbench`` model type without ``model=`` in ``--model_args`` (it would evaluate a random seam-test
+    model), and a ``--device`` this machine does not have."""
+    if {"-h", "--help"} & set(argv):
+        return
+    if _value(argv, "--model") == MODEL_TYPE:
+        model_args = _value(argv, "--model_args") or ""
+        keys = {part.split("=", 1)[0].strip() for part in model_args.split(",") if "=" in part}
+        if "model" not in keys:
+            raise UsageError(f"--model {MODEL_TYPE} needs --model_args model=NAME (e.g. --model_args "
+                             f"model=tiny-mixtral,strategy=specter,budget=50%); `specterbench list` names the models")
+    device = _value(argv, "--device")
+    if device:
+        from specterbench.bench.checks import check_device
+
+        check_device(device)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``specterbench-lm-eval``: lm-eval's own command line with the ``specterbench`` model type registered."""
     from lm_eval.__main__ import cli_evaluate
 
     from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
 
+    from specterbench.bench.progress import quiet_library_bars
+
     args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        check_wrapper_args(args)
+    except SpecterbenchError as err:
+        print(f"specterbench-lm-eval: error: {err}", file=sys.stderr)
+        return 2
+    quiet_library_bars()
     if args and not _has_include_path(args) and not {"-h", "--help"} & set(args):
         args += ["--include_path", str(TASKS_DIR)]
     saved = sys.argv

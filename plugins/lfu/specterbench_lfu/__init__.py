@@ -47,6 +47,12 @@ class AgingLFU(Strategy):
         # the first of equal counts, so ties go to the least recently used. Never return anything else.
         return min(candidates, key=lambda key: self.counts[key])
 
+    def on_warmup_end(self):
+        # The runner's warm-up request is over: restart the counters metrics() reports. The counts are what the
+        # strategy learned, so they stay (a strategy without this method gets a warning that its metrics include
+        # the warm-up).
+        pass
+
     def metrics(self):  # added to the row's `extra`: whatever helps explain this strategy's numbers
         return {"lfu_tracked_experts": len(self.counts)}
 

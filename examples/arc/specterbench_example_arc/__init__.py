@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 
 class ARC(Strategy):
-    name = "arc"
+    name = "example-arc"  # the example's own name: an ARC package of your own can be called "arc" beside it
     version = "1"
     description = "adaptive replacement cache: recency and frequency lists; ghost hits shift the balance"
 
