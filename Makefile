@@ -48,7 +48,7 @@ GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_
 WALLCLOCK_STAT ?= min
 WALLCLOCK_MAX_SLOWDOWN ?= 1.3
 
-.PHONY: install bench test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead
+.PHONY: install bench test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
 
 # pip's own lines ("Collecting …", "Installing collected packages …", a download bar on a terminal) say what is
 # being installed; PIP_ARGS=-q silences them, PIP_ARGS="--progress-bar off" keeps the lines without the bars
@@ -136,6 +136,10 @@ routing-stats:
 
 list:
 	$(BIN)/specterbench list
+
+# the modeled clock against published measurements (MoE-SpeQ, mixtral-offloading, Fiddler, components): ~4 min
+published:
+	OMP_NUM_THREADS=1 $(BIN)/specterbench published
 
 # the quality table: reference, every strategy and the 4-bit draft alone on the shipped lm-eval tasks
 # (~25 min for both models on 2 cores; EVAL_LIMIT=40 for a quick look)

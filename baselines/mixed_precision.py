@@ -1,4 +1,5 @@
 from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
+from specterbench.engine.precision import check_draft_below
 from specterbench.plugins.strategy import SUBSTITUTE
 
 from .lru import LRU
@@ -23,10 +24,15 @@ class MixedPrecision(LRU):
         self.spec = QuantSpec.from_options(options)
         self.fetch_on_miss = bool(options.get("fetch_on_miss", True))
 
+    @classmethod
+    def check_budget(cls, engine, budget_bytes, options):
+        check_draft_below(engine.precision, QuantSpec.from_options(options), cls.name)
+
     def device_bytes(self, engine):
         return quantized_bytes(engine, self.spec)
 
     def attach(self, engine):
+        check_draft_below(engine.precision, self.spec, self.name)  # a low-bit copy must be below the target
         super().attach(engine)
         self.low = shared_quantized(engine, self.spec)
         self.current = set()
@@ -41,4 +47,4 @@ class MixedPrecision(LRU):
         return SUBSTITUTE
 
     def substitute(self, key):
-        return self.low.weights(key), self.low.bytes_ratio
+        return self.low.weights(key), self.low.bytes_ratio, self.low.kernel

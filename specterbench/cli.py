@@ -71,6 +71,27 @@ def add_decode_arguments(parser, default=None) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (k >= 1)")
 
 
+def add_precision_arguments(parser) -> None:
+    """``--expert-bits``, ``--dense-bits``, ``--expert-quantizer``, ``--expert-group``: the target's stored precision
+    (:mod:`specterbench.engine.precision`)."""
+    parser.add_argument("--expert-bits", default="16", help="the target's routed experts: 16 (bf16), 8, 4, 3 or 2 "
+                        "bits, group-wise; the reference is the quantized model and budgets are shares of the "
+                        "stored (packed) expert bytes")
+    parser.add_argument("--dense-bits", default="16", help="the target's attention, shared experts and head: 16, 8 "
+                        "or 4 bits (int, group 64; routers stay 16-bit)")
+    parser.add_argument("--expert-quantizer", default="int", help="int (default: fp16 scale and a bits-bit zero per "
+                        "group, GPTQ's layout at 4 bits), hqq (needs the hqq package) or bnb (4 and 8 bits)")
+    parser.add_argument("--expert-group", default="128", help="weights per quantization group of the experts "
+                        "(32 … 4096; default 128)")
+
+
+def precision_setting(args):
+    """The :class:`Precision` of parsed ``add_precision_arguments`` options (a bad value is one UsageError line)."""
+    from specterbench.engine.precision import Precision
+
+    return Precision.parse(args.expert_bits, args.dense_bits, args.expert_quantizer, args.expert_group)
+
+
 def decode_setting(args):
     """The :class:`DecodeSetting` of parsed ``add_decode_arguments`` options (a bad value is a UsageError)."""
     from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
@@ -112,7 +133,7 @@ def run_config(args, host):
         geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
-        decode=decode_setting(args))
+        decode=decode_setting(args), precision=precision_setting(args))
     config.validate(host)
     from specterbench.bench.checks import check_workload_size
     from specterbench.bench.runner import load_prompts
@@ -409,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "finished cells; an option that differs from the saved one is refused")
     s.add_argument("--no-warmup", action="store_true")
     add_decode_arguments(s)
+    add_precision_arguments(s)
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--wide", action="store_true", help="print every column of the table (default: a compact table "
                    "that fits 160 columns; summary.md always has every column)")
@@ -446,12 +468,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specterbench.analysis.gate import add_parser as add_gate_parser
     from specterbench.bench.calibrate import add_calibrate_parser
+    from specterbench.bench.published import add_published_parser
     from specterbench.bench.validate import add_validate_parser
     from specterbench.embedded.realism import add_realism_parser
 
     add_gate_parser(sub)
     add_calibrate_parser(sub)
     add_validate_parser(sub)
+    add_published_parser(sub)
     add_realism_parser(sub)
     for command in sub.choices.values():  # --debug after the subcommand too; SUPPRESS keeps one given before it
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")

@@ -190,7 +190,7 @@ def test_a_profile_file_with_an_infinite_figure_is_refused(cli, tmp_path):
                        'link_bytes_per_s = 2.5e10\nlink_latency_us = 10.0\nlaunch_us = 5.0\n'
                        'device_memory_bytes = 4e10\n')
     line = refused(cli, "run", *FAST, "--profile", profile, "--out", tmp_path)
-    assert "flops_per_s must be > 0 and finite, got inf" in line
+    assert "flops_per_s must be finite, got inf" in line
 
 
 def test_a_plugin_profile_with_an_infinite_figure_is_left_out(host, capsys):
@@ -205,7 +205,7 @@ def test_a_plugin_profile_with_an_infinite_figure_is_left_out(host, capsys):
 
     host.register(P(), "inf-plugin")
     assert "infinite" not in host.profiles().names() and "a100-40g-pcie4" in host.profiles().names()
-    assert "flops_per_s = inf; give a finite number >= 0" in capsys.readouterr().err
+    assert "field flops_per_s must be finite, got inf" in capsys.readouterr().err
 
 
 def test_validate_given_a_built_in_profile_name_says_to_calibrate_this_machine(cli):

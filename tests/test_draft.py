@@ -1,9 +1,11 @@
-"""The self-draft's quantizers: bytes known before quantizing, error shrinking with bits, parking between cells."""
+"""The self-draft's quantizers: bytes known before quantizing, error shrinking with bits, packed storage that holds
+what it is charged, computing equal to the dequantized values, and copies released with their cell."""
 
 import pytest
 import torch
 
-from specterbench.engine.draft import QuantSpec, park_unclaimed, roundtrip, shared_quantized
+from specterbench.engine.draft import (QuantizedDense, QuantizedExperts, QuantSpec, dense_spec, drafts_allocated_bytes,
+                                      live_drafts, quantized_bytes, roundtrip, shared_dense, shared_quantized)
 from specterbench.engine.engine import Engine
 from specterbench.engine.models import tiny_random
 from specterbench.errors import UsageError
@@ -41,13 +43,111 @@ def test_bad_quantization_options_are_one_line(options, match):
     assert "\n" not in str(err.value)
 
 
-def test_parked_drafts_come_back_when_a_strategy_uses_them():
-    model, tok = tiny_random("mixtral")
-    engine = Engine(model, name="mixtral", tokenizer=tok)
+def _has_bnb() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+EXPERT_SPECS = [QuantSpec(bits=b, blocksize=128, quantizer="int") for b in (2, 3, 4, 8)] + [
+    pytest.param(QuantSpec(bits=4, quant_type="nf4", blocksize=64), marks=pytest.mark.skipif(
+        not _has_bnb(), reason="bitsandbytes is not installed")),
+    pytest.param(QuantSpec(bits=8, blocksize=64), marks=pytest.mark.skipif(
+        not _has_bnb(), reason="bitsandbytes is not installed"))]
+
+
+def _engine(family="qwen2_moe", dtype=torch.float32):
+    model, tok = tiny_random(family)
+    return Engine(model.to(dtype), name=family, tokenizer=tok)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("spec", EXPERT_SPECS)
+def test_a_draft_allocates_no_more_than_it_is_charged(spec, dtype):
+    engine = _engine(dtype=dtype)
+    draft = QuantizedExperts(engine, spec)
+    assert draft.nbytes == quantized_bytes(engine, spec)
+    assert draft.nbytes <= draft.allocated_bytes() * 1.02 and draft.allocated_bytes() <= 1.02 * draft.nbytes
+    held = [t for pair in draft.packed.values() for p in pair for t in (p.codes, p.scale, p.zero) if t is not None]
+    assert all(t.element_size() <= 2 for t in held)  # codes, fp16 scales, packed zeros: never a 32-bit copy
+    sixteen_bit = engine.total_expert_bytes
+    assert draft.allocated_bytes() < (spec.bits / 16 + 0.2) * sixteen_bit
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [8, 4, 3])
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v2", "mixtral"])
+def test_a_dense_copy_allocates_no_more_than_it_is_charged(bits, dtype, family):
+    engine = _engine(family, dtype)
+    copy = QuantizedDense(engine, dense_spec(bits))
+    assert copy.allocated_bytes() <= 1.02 * copy.nbytes
+
+
+@pytest.mark.parametrize("spec", EXPERT_SPECS)
+def test_a_packed_draft_computes_what_the_dequantized_weights_give(spec):
+    engine = _engine()
+    draft = QuantizedExperts(engine, spec)
+    torch.manual_seed(0)
+    hidden = torch.randn(5, engine.model.config.hidden_size)
+    idx = torch.tensor([[0, 1], [2, 3], [1, 4], [0, 5], [3, 2]])
+    weights = torch.rand(5, 2)
+    act = torch.nn.functional.silu
+    got = draft(0, act, hidden, idx, weights)
+    want = torch.zeros_like(hidden)
+    for t in range(5):
+        for j in range(2):
+            gu, dn = (roundtrip(w.float(), spec) for w in engine.store.weights[(0, int(idx[t, j]))])
+            gate, up = torch.nn.functional.linear(hidden[t], gu).chunk(2)
+            want[t] += torch.nn.functional.linear(act(gate) * up, dn) * weights[t, j]
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_the_int4_draft_runs_torchs_int4_kernel_where_the_shapes_allow():
+    from specterbench.engine import packing
+
+    if not packing.int4_kernel_works("cpu", torch.float32):
+        pytest.skip("this torch has no CPU int4 weight-only matmul")
+    w = torch.randn(64, 256)
+    p = packing.PackedWeight(w, QuantSpec(bits=4, blocksize=128, quantizer="int"), torch.float32)
+    assert p.kernel == "int4mm"
+    x = torch.randn(3, 256)
+    want = x @ roundtrip(w, p.spec).t()
+    assert torch.allclose(p.linear(x, torch.empty(p.scratch_elems())), want, atol=1e-3)
+    assert torch.equal(p.dequantize(), roundtrip(w, p.spec))
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 8])
+def test_bits_pack_and_unpack_losslessly(bits):
+    from specterbench.engine.packing import pack_bits, packed_bytes, unpack_bits
+
+    q = torch.randint(0, 1 << bits, (1003,), dtype=torch.uint8)
+    packed = pack_bits(q, bits)
+    assert packed.numel() == packed_bytes(1003, bits) and torch.equal(unpack_bits(packed, bits, 1003), q)
+
+
+def test_a_dequantized_weight_computes_a_block_of_rows_at_a_time_through_a_small_scratch():
+    from specterbench.engine.packing import PackedWeight
+
+    w = torch.randn(96, 128)
+    p = PackedWeight(w, QuantSpec(bits=3, blocksize=64, quantizer="int"), torch.float32)
+    x = torch.randn(2, 128)
+    small = torch.empty(p.scratch_elems(rows=16))
+    assert small.numel() == 16 * 128
+    assert torch.allclose(p.linear(x, small), x @ roundtrip(w, p.spec).t(), atol=1e-5)
+
+
+def test_drafts_live_for_one_cell_and_are_freed_when_it_ends():
+    engine = _engine()
     spec = QuantSpec(bits=3, blocksize=32, quantizer="int")
     draft = shared_quantized(engine, spec)
-    park_unclaimed(engine)
-    assert shared_quantized(engine, spec) is draft  # quantized once, shared across cells
+    dense = shared_dense(engine, dense_spec(8))
+    assert shared_quantized(engine, spec) is draft  # one copy within the cell
+    assert drafts_allocated_bytes(engine) == draft.allocated_bytes() + dense.allocated_bytes()
+    engine.end_cell()
+    assert live_drafts(engine) == [] and drafts_allocated_bytes(engine) == 0
+    assert draft.allocated_bytes() == dense.allocated_bytes() == 0  # the shells a strategy may still hold are empty
+    assert draft.packed == {} and draft.scratch.numel() == 0
+    assert shared_quantized(engine, spec) is not draft  # the next cell quantizes its own
 
 
 def test_dense_copy_is_swapped_in_for_one_pass_and_priced_at_its_bits():
@@ -95,6 +195,8 @@ def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
     engine.geometry = project(engine.own_geometry, "mixtral")
     spec = dense_spec(8)
     share = dense_params(engine.geometry) * spec.bits_per_weight() / 8 / engine.geometry.all_expert_bytes
-    assert dense_quantized_bytes(engine, spec) == round(share * engine.total_expert_bytes)
+    packed = share * engine.total_expert_bytes
+    charged = dense_quantized_bytes(engine, spec)
+    assert packed < charged < 1.2 * packed  # the real model's share, plus its scratch scaled alike
     assert 0.003 < share < 0.03  # Mixtral: attention and head are ~3% of the 16-bit expert bytes
     assert dense_quantized_bytes(engine, None) == 0

@@ -30,7 +30,7 @@ from specterbench.bench.results import DIRECTIONS, ResultRow
 
 ALPHA = 0.05
 CELL_FIELDS = ("model", "geometry", "strategy", "budget_fraction", "profile", "clock", "workload", "new_tokens",
-               "prompts")
+               "prompts", "precision")
 # metrics that are a median of raw per-token samples, and the samples' key in ``row.samples``
 SAMPLE_KEYS = {"tpot_ms": "tpot_ms", "tpot_mean_ms": "tpot_ms", "host_ms_per_token": "host_ms", "ttft_ms": "ttft_ms"}
 # what must be equal for two sets of rows to be comparable, and how to name it
@@ -38,7 +38,7 @@ SAMPLE_KEYS = {"tpot_ms": "tpot_ms", "tpot_mean_ms": "tpot_ms", "host_ms_per_tok
 WALL_TIME = frozenset({"host_ms_per_token"})
 HOST_CLOCK_TIME = frozenset({"tpot_ms", "tpot_mean_ms", "tpot_p90_ms", "ttft_ms", "tokens_per_s", "stall_ms_per_token"})
 COMPATIBLE = (("schema_version", "schema version"), ("model", "model"), ("geometry", "geometry"),
-              ("profile", "profile"), ("decode_label", "decode setting"))
+              ("profile", "profile"), ("precision", "target precision"), ("decode_label", "decode setting"))
 
 
 def cell_key(row: ResultRow) -> tuple:

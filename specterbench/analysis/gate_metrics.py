@@ -121,7 +121,7 @@ def decode_label(row: ResultRow) -> str:
 
 
 CELL_NAMES = ("model", "geometry", "strategy", "budget_fraction", "profile", "clock", "workload", "new_tokens",
-              "prompts", "decode")
+              "prompts", "precision", "decode")
 
 
 def gate_key(row: ResultRow) -> tuple:
@@ -144,8 +144,9 @@ def describe(key: tuple, *, strategy: bool = True) -> str:
     where = c["model"] if c["geometry"] in (c["model"], "own") else f"{c['model']}@{c['geometry']}"
     clock = f"modeled {c['profile']}" if c["clock"] == "modeled" else c["clock"]
     who = f"{c['strategy']} @ {c['budget_fraction']:.0%}" if strategy else f"@ {c['budget_fraction']:.0%}"
+    precision = "" if c.get("precision", "bf16") == "bf16" else f"{c['precision']} · "
     return (f"{where} · {who} · {clock} · {c['workload']} · {c['prompts']}×{c['new_tokens']} tokens · "
-            f"{c['decode']}")
+            f"{precision}{c['decode']}")
 
 
 def group_rows(rows: list[ResultRow]) -> dict[tuple, list[ResultRow]]:

@@ -32,7 +32,8 @@ def summary_table(rows: list[ResultRow]):
         clock = {"modeled": f"modeled · {r.profile}", "measured": "measured (CUDA events)",
                  "host": "host wall only"}[r.clock]
         records.append({
-            "model": r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)",
+            "model": (r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)")
+            + ("" if r.precision == "bf16" else f", {r.precision}"),
             "strategy": r.strategy_label,
             "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
                        f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),

@@ -230,13 +230,15 @@ def _check_positive(kind: str, data: dict, fields) -> None:
         v = data[f]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
-        if not (v > 0 and math.isfinite(v)):
-            raise UsageError(f"profile file: [{kind}] {f} must be > 0 and finite, got {v!r}; re-run "
-                             f"specterbench calibrate")
+        if not math.isfinite(v):
+            raise UsageError(f"profile file: [{kind}] {f} must be finite, got {v!r}; re-run specterbench calibrate")
+        if not v > 0:
+            raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
 
 
-def load_profile_file(path) -> tuple[HardwareProfile, HostProfile | None]:
-    """The profiles of a file written by :func:`write_profile_file` (TOML or JSON with the same tables)."""
+def load_profile_file(path, *, require_profile: bool = True) -> tuple[HardwareProfile | None, HostProfile | None]:
+    """The profiles of a file written by :func:`write_profile_file` (TOML or JSON with the same tables).
+    ``require_profile=False``: a file may hold only a ``[host_profile]`` (the built-in host-only files)."""
     import json
     import tomllib
 
@@ -251,14 +253,17 @@ def load_profile_file(path) -> tuple[HardwareProfile, HostProfile | None]:
         raise UsageError(f"--profile {path}: malformed ({str(err).splitlines()[0]}); re-run specterbench "
                          f"calibrate") from None
     table = data.get("profile")
-    if not isinstance(table, dict):
+    if not isinstance(table, dict) and (require_profile or not isinstance(data.get("host_profile"), dict)):
         raise UsageError(f"--profile {path}: no [profile] table; re-run specterbench calibrate")
-    _check_positive("profile", table, ("flops_per_s", "mem_bytes_per_s", "link_bytes_per_s", "link_latency_us",
-                                       "launch_us", "device_memory_bytes"))
+    if table is not None:
+        _check_positive("profile", table, ("flops_per_s", "mem_bytes_per_s", "link_bytes_per_s", "link_latency_us",
+                                           "launch_us", "device_memory_bytes"))
     try:
-        profile = HardwareProfile.from_dict(table)
+        profile = HardwareProfile.from_dict(table) if table is not None else None
         host = data.get("host_profile")
         if host is not None:
+            if not isinstance(host, dict):
+                raise UsageError("[host_profile] must be a table")
             _check_positive("host_profile", host, ("mem_bytes_per_s", "flops_per_s", "threads", "launch_us"))
             host = HostProfile.from_dict(host)
     except UsageError as err:

@@ -33,6 +33,9 @@ SETTINGS = {"clock": str, "host_profile": str, "calibration": str, "max_prompt_t
             "device": str, "threads": int, "warmup": bool}
 # TOML key -> DecodeSetting field: how tokens are chosen, shared by every cell (decode = "greedy" | "sample")
 DECODE_KEYS = {"decode": "mode", "temperature": "temperature", "top_p": "top_p", "top_k": "top_k"}
+# TOML key -> Precision.parse argument: the target's stored precision, shared by every cell (as run --expert-bits)
+PRECISION_KEYS = {"expert_bits": "expert_bits", "dense_bits": "dense_bits", "expert_quantizer": "quantizer",
+                  "expert_group": "group"}
 OWN_GEOMETRY = "own"  # the geometry axis value that prices the model at its own sizes
 
 
@@ -84,7 +87,7 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
     """A :class:`Grid` from the TOML's table; an unknown key or a malformed value is a one-line UsageError."""
     from specterbench.bench.runner import parse_budget
 
-    known = [*AXES, *SETTINGS, *DECODE_KEYS, "strategy_options"]
+    known = [*AXES, *SETTINGS, *DECODE_KEYS, *PRECISION_KEYS, "strategy_options"]
     for key in data:
         if key not in known:
             raise UsageError(f"{source}: unknown key {key!r}; {_did_you_mean(key, known)}"
@@ -131,6 +134,14 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
         except (TypeError, ValueError):
             raise UsageError(f"{source}: decode settings take decode = 'greedy' | 'sample', temperature = "
                              f"number, top_p = number, top_k = integer; got {decode}") from None
+    precision = {arg: data[key] for key, arg in PRECISION_KEYS.items() if key in data}
+    if precision:
+        from specterbench.engine.precision import Precision
+
+        try:
+            settings["precision"] = Precision.parse(**precision)
+        except UsageError as err:
+            raise UsageError(f"{source}: {err}") from None
     kw["settings"] = settings
     options = data.get("strategy_options", {})
     if not isinstance(options, dict):
@@ -178,11 +189,16 @@ class Cell:
 def reference_key(cfg: "BenchConfig") -> tuple:
     """What the reference tokens and routing trace depend on (not geometry, profile, budget or seed)."""
     return ("reference", cfg.models[0], cfg.device, cfg.workload, cfg.prompts, cfg.tokens, cfg.max_prompt_tokens,
-            cfg.decode.label if cfg.decode.mode == "sample" else "greedy")
+            cfg.decode.label if cfg.decode.mode == "sample" else "greedy") + _precision_key(cfg)
 
 
 def calibration_key(cfg: "BenchConfig") -> tuple:
-    return ("calibration", cfg.models[0], cfg.device, cfg.calibration, cfg.max_prompt_tokens)
+    return ("calibration", cfg.models[0], cfg.device, cfg.calibration, cfg.max_prompt_tokens) + _precision_key(cfg)
+
+
+def _precision_key(cfg: "BenchConfig") -> tuple:
+    """A quantized target is another model: its reference and calibration are its own (bf16 keys stay as they were)."""
+    return (cfg.precision.label(),) if cfg.precision.quantized else ()
 
 
 @dataclass(frozen=True, slots=True)

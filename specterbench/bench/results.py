@@ -48,6 +48,7 @@ class ResultRow:
     new_tokens: int
     seed: int
     repeat: int
+    precision: str = "bf16"  # the target's stored weights: bf16, or e.g. "experts int4/g128" (--expert-bits)
     decode: dict = field(default_factory=lambda: {"mode": "greedy"})  # DecodeSetting.to_dict(): how tokens were chosen
     status: str = "ok"  # ok | diverged | error
     error: str | None = None
@@ -75,7 +76,8 @@ class ResultRow:
     substituted: int = 0  # misses computed with a lower-precision substitute (lossy strategies)
     stall_ms_per_token: float | None = None
     peak_cache_bytes: int = 0
-    strategy_device_bytes: int = 0
+    strategy_device_bytes: int = 0  # charged to the strategy's budget besides its cache
+    strategy_device_bytes_allocated: int | None = None  # storage of the tensors it really held there (drafts, scratch)
     nvml_h2d_bytes: int | None = None  # PCIe RX of the GPU integrated over the measured requests (NVML)
     nvml_d2h_bytes: int | None = None
     nvml_note: str | None = None  # why the NVML columns are empty, e.g. "no NVML: library not found"

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from specterbench.engine.draft import drafts_allocated_bytes
 from specterbench.engine.engine import Engine
 from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
 from specterbench.engine.geometry import geometry_preset, project
@@ -24,6 +25,7 @@ from specterbench.bench.reference import write_reference
 from specterbench.bench.results import ResultRow, RowWriter, read_rows
 from specterbench.plugins.strategy import Calibration, Request, Strategy
 from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
+from specterbench.engine.precision import BF16, Precision, quantize_model
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.bench.budget import Budget, parse_budget  # noqa: F401 - parse_budget is imported from here
 from specterbench.bench.checks import check_context, check_device, check_strategy_options, check_workload_size
@@ -53,6 +55,8 @@ class BenchConfig:
     warmup: bool = True
     strategy_options: dict = field(default_factory=dict)  # strategy name -> {option: value}
     decode: DecodeSetting = DEFAULT_DECODE  # greedy, or Gumbel-max sampling shared by reference, strategies and drafts
+    precision: Precision = BF16  # the target's stored weights (--expert-bits, --dense-bits): quantized before the
+    # reference is recorded, so the reference is the quantized model itself
 
     def __post_init__(self):
         if self.decode.mode == "sample" and self.decode.seed != self.seed:  # one seed: the noise follows --seed
@@ -274,7 +278,8 @@ class Runner:
                 for repeat in range(cfg.repeats):
                     key = "|".join([model, geometry, label, budget.key(), cfg.workload, cfg.profile,
                                     cfg.clock, str(cfg.tokens), str(cfg.prompts), str(cfg.seed), str(repeat)]
-                                   + ([] if cfg.decode.mode == "greedy" else [cfg.decode.label]))
+                                   + ([] if cfg.decode.mode == "greedy" else [cfg.decode.label])
+                                   + ([cfg.precision.label()] if cfg.precision.quantized else []))
                     if key not in seen:
                         seen.add(key)
                         yield key, sname, cls, budget, repeat
@@ -313,10 +318,12 @@ class Runner:
     def load_engine(self, model_name: str) -> Engine:
         spec = self.host.models().get(model_name)
         model, tokenizer = spec.load()
+        quantize_model(model, self.config.precision)  # the reference and every cell run the quantized model
         engine = Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer)
         geometry = self.config.geometry_for(spec)
         if geometry is not None:
             engine.geometry = project(engine.own_geometry, geometry)
+        engine.set_precision(self.config.precision)
         return engine
 
     def check_budgets(self, engine: Engine) -> None:
@@ -396,7 +403,7 @@ class Runner:
             total_expert_bytes=total, profile=cfg.profile if cfg.clock == "modeled" else "-",
             clock=cfg.clock if (cfg.clock == "modeled" or engine.device.type == "cuda") else "host",
             workload=cfg.workload, prompts=len(prompts), new_tokens=cfg.tokens, seed=cfg.seed, repeat=repeat,
-            decode=cfg.decode.to_dict(), env=self.env)
+            decode=cfg.decode.to_dict(), precision=cfg.precision.label(), env=self.env)
         started = time.perf_counter()
         hooks = self.host.pm.hook
         measuring = False
@@ -432,6 +439,7 @@ class Runner:
                 engine.begin_request(request(pid, ids))
                 outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
                 all_samples.append(list(engine.samples))
+            row.strategy_device_bytes_allocated = drafts_allocated_bytes(engine)
             fill_metrics(row, engine, strategy, all_samples)
             check_tokens(row, outputs, reference, cls.lossless,
                                numerics=(dict(prompts), engine.compute_dtype, cfg.decode))
@@ -452,6 +460,7 @@ class Runner:
                 if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
                     row.peak_device_bytes = torch.cuda.max_memory_allocated(engine.device)
                 hooks.specterbench_cell_end(cell=key, row=row)
+            engine.end_cell()  # the draft, its scratch and the cache go with the cell
         row.duration_s = time.perf_counter() - started
         return row
 

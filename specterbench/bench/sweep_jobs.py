@@ -46,6 +46,7 @@ def _worker(cfg: "BenchConfig", run_dir: str = "."):
     import torch
 
     from specterbench.engine.geometry import project
+    from specterbench.engine.precision import priced_geometry
     from specterbench.plugins.host import get_host
     from specterbench.bench.runner import Runner
 
@@ -54,13 +55,14 @@ def _worker(cfg: "BenchConfig", run_dir: str = "."):
     if _WORKER["env"] is None:
         _WORKER["env"] = host.environment()
     runner = Runner(host, cfg, Path(run_dir), env=_WORKER["env"])
-    key = (cfg.models[0], cfg.device)
+    key = (cfg.models[0], cfg.device, cfg.precision)
     if _WORKER["engine_key"] != key:
         _WORKER["engine_key"] = _WORKER["engine"] = None  # drop the previous model before loading the next
         _WORKER["engine"] = runner.load_engine(cfg.models[0])
         _WORKER["engine_key"] = key
     engine = _WORKER["engine"]
-    engine.geometry = project(engine.own_geometry, cfg.geometry) if cfg.geometry else engine.own_geometry
+    engine.geometry = (priced_geometry(project(engine.own_geometry, cfg.geometry), engine.precision)
+                       if cfg.geometry else engine.own_geometry)  # own_geometry is priced at the precision already
     return host, runner, engine
 
 

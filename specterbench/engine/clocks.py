@@ -34,7 +34,8 @@ class ClockTotals:
     link_bytes: int = 0
     stall_s: float = 0.0
     stalls: int = 0
-    host_busy_s: float = 0.0  # host CPU computing experts (cpu-experts)
+    host_busy_s: float = 0.0  # host CPU computing experts (cpu-experts, Specter's hybrid verification)
+    host_shared_s: float = 0.0  # of that, seconds the host's DRAM was shared with the link's DMA reads
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +46,12 @@ class HostJob:
     done_s: float = 0.0
     future: Any = None  # measured CUDA clock: the worker thread's future
     estimate_s: float = 0.0
+    # modeled clock: when the host may start it, its compute floor (launch + FLOPs), the weight bytes it streams
+    # from host DRAM and the activation hop back; ``done_s`` is provisional until the job is final
+    ready_s: float = 0.0
+    compute_s: float = 0.0
+    weight_bytes: float = 0.0
+    hop_s: float = 0.0
 
 
 @runtime_checkable
@@ -84,9 +91,10 @@ class Clock(Protocol):
     def drain_landed(self) -> list[Transfer]:
         """Copies that landed since the last call, in landing order."""
 
-    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        """Charge one device op; returns its price in seconds (a measured clock only prices it: the real kernel
-        takes its own time)."""
+    def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                efficiency: float = 1.0) -> float:
+        """Charge one device op (the fields of a :class:`~specterbench.engine.costs.Op`); returns its price in
+        seconds (a measured clock only prices it: the real kernel takes its own time)."""
 
     def wait_landed(self, t: Transfer) -> float:
         """Block until ``t`` has landed, so that its slot may be evicted (the host waits on a measured clock,
@@ -145,6 +153,13 @@ class ModeledClock(_Backlog):
     the link serves them one at a time, highest priority first among those already issued (non-preemptive). An
     expert's compute waits for its copy to finish; the wait is a stall. Each operation costs O(log n) in the
     queued copies (the scheduler's heap); :attr:`steps` counts the clock's internal steps.
+
+    **Host DRAM is one resource** (the sharing rule, :meth:`CostModel.host_dram_share`): the link's DMA reads its
+    copies out of host memory at the link's rate, and the host CPU computing an expert streams that expert's weights
+    out of the same DRAM. While a copy is on the link the host gets ``host.mem_bytes_per_s - link_bytes_per_s``;
+    otherwise all of it. Host experts run one after another (each with the threads its strategy gives it); a job's
+    finish is provisional until the compute stream has passed it, because a copy issued later may still overlap it
+    (:meth:`_resolve_host` replays the host queue against the link's busy intervals).
     """
 
     kind = "modeled"
@@ -162,6 +177,8 @@ class ModeledClock(_Backlog):
         self._landed: list[Transfer] = []
         self._steps = 0
         self.host_threads = host.threads if host else 1  # threads the host profile has (strategies ask for fewer)
+        self._host_jobs: deque[HostJob] = deque()  # host experts whose finish is not final yet, in run order
+        self._link_log: deque[tuple[float, float]] = deque()  # (start, end) of copies a pending host job may overlap
 
     @property
     def steps(self) -> int:
@@ -211,6 +228,8 @@ class ModeledClock(_Backlog):
         t.start_s = start
         t.end_s = start + self.costs.copy_seconds(t.nbytes)
         self.link_free_s = t.end_s
+        self._link_log.append((start, t.end_s))
+        self._prune_link_log()
         self.totals.link_busy_s += t.end_s - start
         self.totals.link_bytes += t.nbytes
         self._on_link.append(t)
@@ -277,11 +296,13 @@ class ModeledClock(_Backlog):
         return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else self.profile.link_bytes_per_s
 
     # ---- compute -----------------------------------------------------------------------------------
-    def op_seconds(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        return self.costs.op_seconds(flops, nbytes, launches)
+    def op_seconds(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                   efficiency: float = 1.0) -> float:
+        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
 
-    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        dt = self.costs.op_seconds(flops, nbytes, launches)
+    def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                efficiency: float = 1.0) -> float:
+        dt = self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
         self.now_s += dt
         self.totals.compute_busy_s += dt
         return dt
@@ -292,16 +313,61 @@ class ModeledClock(_Backlog):
 
     def run_on_host(self, fn, op: HostOp, threads: int, *args) -> HostJob:
         """Activations go down the link, the host computes (concurrently with the device), the result comes
-        back. Activation copies are small and full duplex: charged latency + bytes, not queued behind weights."""
-        hop = self.costs.hop_seconds(op.act_bytes)
-        start = max(self.now_s + hop, self.host_free_s)
-        dur = self.costs.host_seconds(op, threads)
-        self.host_free_s = start + dur
-        self.totals.host_busy_s += dur
-        return HostJob(fn(*(a.cpu() for a in args)), start + dur + hop)
+        back. Activation copies are small and full duplex: charged latency + bytes, not queued behind weights. The
+        host's DRAM is shared with the link's DMA (see the class docstring): ``done_s`` is final once the compute
+        stream waits for the job (:meth:`wait_host`)."""
+        c = self.costs
+        hop = c.hop_seconds(op.act_bytes)
+        job = HostJob(fn(*(a.cpu() for a in args)), ready_s=self.now_s + hop, compute_s=c.host_compute_seconds(op, threads),
+                      weight_bytes=op.weight_bytes, hop_s=hop)
+        self._host_jobs.append(job)
+        self._resolve_host()
+        return job
+
+    def _busy_intervals(self):
+        """The link's busy intervals from the oldest logged one on: copies started, then the queued ones back to
+        back from when the link frees (what the link will do unless something is issued later)."""
+        yield from self._link_log
+        if not self.scheduler.empty():
+            start = max(self.link_free_s, self.now_s)
+            yield start, start + self._queued_seconds(None)
+
+    def _resolve_host(self) -> None:
+        """Replay the host queue against the link's busy intervals: each pending job's finish (provisional for those
+        past ``now_s``); jobs finished by ``now_s`` become final (no later copy can start before ``now_s``)."""
+        self._advance_link()
+        jobs, c = self._host_jobs, self.costs
+        free = self.host_free_s
+        intervals = list(self._busy_intervals())
+        for job in jobs:
+            start = max(job.ready_s, free)
+            end, shared = c.host_dram_finish(start, job.compute_s, job.weight_bytes, intervals)
+            # estimate_s (the measured clocks' estimate field) holds the seconds the job shared DRAM with copies
+            job.done_s, job.estimate_s = end + job.hop_s, shared
+            free = end
+        while jobs and jobs[0].done_s - jobs[0].hop_s <= self.now_s:
+            job = jobs.popleft()
+            start = max(job.ready_s, self.host_free_s)
+            self.host_free_s = job.done_s - job.hop_s
+            self.totals.host_busy_s += self.host_free_s - start
+            self.totals.host_shared_s += job.estimate_s
+        self._prune_link_log()
+
+    def _prune_link_log(self) -> None:
+        """Forget copies no host job can overlap any more: those ended before every pending job's earliest start
+        (and before ``now_s``, the earliest a job run from now on can start)."""
+        keep_from = self.now_s
+        if self._host_jobs:
+            keep_from = min(keep_from, max(self._host_jobs[0].ready_s, self.host_free_s))
+        log = self._link_log
+        while log and log[0][1] <= keep_from:
+            log.popleft()
 
     def wait_host(self, jobs: Sequence[HostJob]) -> float:
-        return self._stall_until(max((j.done_s for j in jobs), default=0.0))
+        self._resolve_host()  # the compute stream stops here: nothing new reaches the link until the jobs finish
+        stall = self._stall_until(max((j.done_s for j in jobs), default=0.0))
+        self._resolve_host()
+        return stall
 
     def wait_until(self, t: float) -> float:
         """Stall the compute stream until clock time ``t`` (modeled clock only; strategies should wait for copies
@@ -309,7 +375,10 @@ class ModeledClock(_Backlog):
         return self._stall_until(t)
 
     def host_backlog_s(self) -> float:
-        return max(0.0, self.host_free_s - self.now_s)
+        if self._host_jobs:
+            self._resolve_host()
+        last = self._host_jobs[-1].done_s - self._host_jobs[-1].hop_s if self._host_jobs else self.host_free_s
+        return max(0.0, last - self.now_s)
 
     def _stall_until(self, t: float) -> float:
         stall = max(0.0, t - self.now_s)
@@ -323,10 +392,13 @@ class ModeledClock(_Backlog):
         return self.now_s
 
     def settle(self) -> None:
+        self._resolve_host()
+        host_end = self._host_jobs[-1].done_s if self._host_jobs else self.host_free_s
         while not self.scheduler.empty():
             self._start_next()
-        self.now_s = max(self.now_s, self.link_free_s, self.host_free_s)
+        self.now_s = max(self.now_s, self.link_free_s, host_end)
         self._advance_link()
+        self._resolve_host()
 
     def sync(self) -> None:
         """The host reads the step's tokens: nothing to wait for beyond the compute stream itself."""

@@ -13,14 +13,17 @@ with ``specterbench calibrate``) and the link bandwidth from the copies timed so
 call                                   meaning
 =====================================  ===========================================================================
 ``copy_s()``                           one expert copy host→device on an idle link (latency + bytes / bandwidth)
-``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized)
+``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized,
+                                       run by ``kernel=`` (:mod:`~specterbench.engine.kernels`), else the
+                                       uniform kernel of that many bits per weight)
 ``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
                                        (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
-``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert);
-                                       ``bytes_ratio=`` < 1 prices a draft's low-bit copy of its weights
+``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert) at the
+                                       target's precision; ``bytes_ratio=`` prices a draft's low-bit copy
 ``head_s(rows=1)``                     the output head over ``rows`` positions (``bytes_ratio=`` as above)
 ``router_s(n_tokens)``                 applying one router (gate) to ``n_tokens`` hidden states
-``host_expert_s(n_tokens)``            one expert on the host CPU, activations down and back included, host idle
+``host_expert_s(n_tokens)``            one expert on the host CPU started now, activations down and back included,
+                                       its weights read from host DRAM shared with the link's queued copies
 ``link_backlog_s(priority=None)``      until a copy issued now would *start*: the copy on the link plus every
                                        queued copy that outranks it (None: every queued copy)
 ``copy_arrival_s(priority=None)``      ``link_backlog_s(priority) + copy_s()``: until a copy issued now *lands*
@@ -35,10 +38,14 @@ call                                   meaning
 =====================================  ===========================================================================
 
 Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device op costs ``launches · launch_us +
-max(flops / flops_per_s, bytes / mem_bytes_per_s)``; a copy ``link_latency_us + bytes / link_bytes_per_s``; a host
-expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes /
-host.mem_bytes_per_s)`` plus one activation hop each way (``link_latency_us + activation bytes /
-link_bytes_per_s``). Bytes and FLOPs come from the geometry, each multiplied by ``layer_scale``.
+max(flops / flops_per_s, bytes / (mem_bytes_per_s · efficiency), dequant ops / alu_ops_per_s)``, where a low-bit
+kernel's efficiency and dequantization instructions per weight come from :mod:`specterbench.engine.kernels` (16-bit:
+1 and 0); a copy ``link_latency_us + bytes / link_bytes_per_s``; a host
+expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes / DRAM share)``
+plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``), where the DRAM share
+is ``host.mem_bytes_per_s`` while the link is idle and ``host.mem_bytes_per_s - link_bytes_per_s`` while it copies
+(host memory is one resource: :meth:`CostModel.host_dram_share`). Bytes and FLOPs come from the geometry, each
+multiplied by ``layer_scale``.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from specterbench.engine.geometry import Geometry
+from specterbench.engine.kernels import BF16, LowBitKernel, kernel_for_ratio
 from specterbench.engine.profiles import HardwareProfile, HostProfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,11 +61,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Op(NamedTuple):
-    """One device operation as the clock charges it: ``clock.compute(*op)``."""
+    """One device operation as the clock charges it: ``clock.compute(*op)``. A low-bit kernel's op carries its
+    dequantization instructions and the achieved bandwidth efficiency of the bytes it reads (byte-weighted over its
+    low-bit and 16-bit parts; :mod:`specterbench.engine.kernels`)."""
 
     flops: float
     nbytes: float
     launches: int = 1
+    alu_ops: float = 0.0
+    efficiency: float = 1.0
 
 
 class HostOp(NamedTuple):
@@ -77,33 +89,56 @@ class CostModel:
         self.host = host
 
     # ---- what an operation is (FLOPs, bytes, launches) ----------------------------------------------
-    def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0) -> Op:
+    @staticmethod
+    def _lowbit(flops: float, weights: float, bytes_ratio: float, kernel: LowBitKernel | None, other_bytes: float,
+                launches: int, dtype_bytes: int) -> Op:
+        """An op reading ``weights`` weights stored at ``bytes_ratio`` of 16-bit with ``kernel`` (inferred from the
+        ratio when None) plus ``other_bytes`` read at the 16-bit kernel's efficiency (router, KV cache)."""
+        kernel = kernel if kernel is not None else kernel_for_ratio(bytes_ratio)
+        q_bytes = weights * dtype_bytes * bytes_ratio
+        total = q_bytes + other_bytes
+        if kernel is BF16 or total <= 0:
+            return Op(flops, total, launches)
+        efficiency = total / (q_bytes / kernel.bandwidth_efficiency + other_bytes)
+        return Op(flops, total, launches, weights * kernel.dequant_ops_per_weight, efficiency)
+
+    def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0,
+                    kernel: LowBitKernel | None = None) -> Op:
         """The non-routed part of one decoder layer over ``n_tokens`` new tokens at ``context`` positions
-        (``bytes_ratio`` < 1: a draft's low-bit copy of its weights; the router and the KV cache stay 16-bit)."""
+        (``bytes_ratio`` < 1: a draft's low-bit copy of its weights, run with ``kernel``; the router and the KV cache
+        stay 16-bit)."""
         g = self.geometry
         params = g.layer_dense_params(moe)
         router = g.hidden * g.num_experts if moe else 0
         kv_bytes = 2 * context * g.kv_heads * g.head_dim * g.dtype_bytes
-        weight_bytes = ((params - router) * bytes_ratio + router) * g.dtype_bytes
-        return Op(g.layer_scale * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
-                  g.layer_scale * (weight_bytes + kv_bytes), round(8 * g.layer_scale))
+        s = g.layer_scale
+        return self._lowbit(s * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
+                            s * (params - router), bytes_ratio, kernel, s * (router * g.dtype_bytes + kv_bytes),
+                            round(8 * s), g.dtype_bytes)
 
-    def expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> Op:
-        """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's)."""
+    def expert(self, n_tokens: int, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> Op:
+        """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's; a low-bit
+        copy runs with ``kernel``, inferred from the ratio when None). No ratio: the target's own expert at the bits
+        it is stored with (``--expert-bits``: the geometry's bits per weight; 16-bit unless quantized)."""
         g = self.geometry
-        return Op(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_bytes * bytes_ratio,
-                  round(3 * g.layer_scale))
+        if bytes_ratio is None:
+            bytes_ratio = g.expert_bytes / (g.expert_params * g.dtype_bytes)
+        return self._lowbit(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_params,
+                            bytes_ratio, kernel, 0.0, round(3 * g.layer_scale), g.dtype_bytes)
 
-    def experts_fused(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> Op:
+    def experts_fused(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0,
+                      kernel: LowBitKernel | None = None) -> Op:
         """One fused kernel over several experts (e.g. a W4A16 draft layer): every expert's weights read once,
-        the launches of one expert."""
+        the launches of one expert, each weight unpacked by ``kernel``."""
         g = self.geometry
-        return Op(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
-                  g.layer_scale * g.expert_bytes * bytes_ratio * len(tokens_per_expert), round(3 * g.layer_scale))
+        return self._lowbit(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
+                            g.layer_scale * g.expert_params * len(tokens_per_expert), bytes_ratio, kernel, 0.0,
+                            round(3 * g.layer_scale), g.dtype_bytes)
 
-    def head(self, rows: int, bytes_ratio: float = 1.0) -> Op:
+    def head(self, rows: int, bytes_ratio: float = 1.0, kernel: LowBitKernel | None = None) -> Op:
         g = self.geometry
-        return Op(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes * bytes_ratio, 2)
+        return self._lowbit(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden, bytes_ratio, kernel, 0.0, 2,
+                            g.dtype_bytes)
 
     def router(self, n_tokens: int) -> Op:
         g = self.geometry
@@ -121,9 +156,21 @@ class CostModel:
         return int(self.geometry.expert_bytes * self.geometry.layer_scale)
 
     # ---- what it costs (seconds) --------------------------------------------------------------------
-    def op_seconds(self, flops: float, nbytes: float, launches: int = 1) -> float:
+    def op_seconds(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                   efficiency: float = 1.0) -> float:
+        """``launches · launch_us + max(flops / flops_per_s, bytes / (mem_bytes_per_s · efficiency), alu_ops /
+        alu_ops_per_s)``: tensor cores, the memory stream and a low-bit kernel's unpacking overlap; the slowest
+        decides."""
         p = self.profile
-        return launches * p.launch_us * 1e-6 + max(flops / p.flops_per_s, nbytes / p.mem_bytes_per_s)
+        t = max(flops / p.flops_per_s, nbytes / (p.mem_bytes_per_s * efficiency))
+        if alu_ops:
+            t = max(t, alu_ops / self.alu_ops_per_s)
+        return launches * p.launch_us * 1e-6 + t
+
+    @property
+    def alu_ops_per_s(self) -> float:
+        """The profile's CUDA-core instruction rate (not stated: ``flops_per_s / 16``, the A100's ratio)."""
+        return self.profile.alu_ops_per_s or self.profile.flops_per_s / 16
 
     def copy_seconds(self, nbytes: int) -> float:
         return self.profile.link_latency_us * 1e-6 + nbytes / self.profile.link_bytes_per_s
@@ -133,12 +180,66 @@ class CostModel:
         return self.profile.link_latency_us * 1e-6 + act_bytes / self.profile.link_bytes_per_s
 
     def host_seconds(self, op: HostOp, threads: int) -> float:
-        """The host's own work on ``op`` with ``threads`` of its threads (the hops not included)."""
-        h = self.host
-        if h is None:
+        """The host's own work on ``op`` with ``threads`` of its threads on an idle link (the hops not included)."""
+        h = self._host()
+        return h.launch_us * 1e-6 + max(self.host_compute_seconds(op, threads), op.weight_bytes / h.mem_bytes_per_s)
+
+    def _host(self) -> HostProfile:
+        if self.host is None:
             raise ValueError("this cost model has no host profile; give the run a --host-profile")
-        used = min(threads, h.threads) / h.threads
-        return h.launch_us * 1e-6 + max(op.flops / (h.flops_per_s * used), op.weight_bytes / h.mem_bytes_per_s)
+        return self.host
+
+    def host_compute_seconds(self, op: HostOp, threads: int) -> float:
+        """The arithmetic of ``op`` on ``threads`` of the host's threads (its floor when DRAM keeps up)."""
+        h = self._host()
+        return op.flops / (h.flops_per_s * min(threads, h.threads) / h.threads)
+
+    def host_dram_share(self) -> tuple[float, float]:
+        """Host DRAM bytes/s left for host expert compute: ``(link idle, link copying)``.
+
+        The sharing rule: host memory is one resource of ``host.mem_bytes_per_s`` (sustained, all channels). A copy
+        on the link is a DMA read of host memory at the link's rate, and the link is the narrower pipe, so the
+        memory controller serves it at that rate; the host's cores get the rest while a copy runs, all of it
+        otherwise. The memory controller arbitrates between the cores and the DMA engine, so the cores keep at least
+        half of it: where the link would take more (a host barely faster than its link, a measured CPU-only
+        profile), the link is the one held back, which is not modeled (copies keep the profile's rate). The
+        activation hops of host experts are a few KB: not counted."""
+        h = self._host()
+        b = h.mem_bytes_per_s
+        return b, max(b - self.profile.link_bytes_per_s, b / 2)
+
+    def host_dram_finish(self, start: float, compute_s: float, weight_bytes: float,
+                         busy: Sequence[tuple[float, float]]) -> tuple[float, float]:
+        """When a host expert started at ``start`` finishes, its weights streamed at :meth:`host_dram_share`'s
+        rate through the link's busy intervals ``busy`` ((start, end), in time order, disjoint); never before its
+        launch plus ``compute_s``. Returns (finish, seconds it streamed while a copy ran)."""
+        idle, shared = self.host_dram_share()
+        t = start + self._host().launch_us * 1e-6
+        floor, left, overlap = t + compute_s, float(weight_bytes), 0.0
+        for a, b in busy:
+            if b <= t or left <= 0:
+                continue
+            if a > t:  # the link is idle until a
+                if (a - t) * idle >= left:
+                    break
+                left -= (a - t) * idle
+                t = a
+            if (b - t) * shared >= left:
+                overlap += left / shared
+                t += left / shared
+                left = 0.0
+                break
+            left -= (b - t) * shared
+            overlap += b - t
+            t = b
+        end = t + left / idle
+        return max(end, floor), overlap
+
+    def host_seconds_shared(self, op: HostOp, threads: int, link_busy_s: float) -> float:
+        """The host's own work on ``op`` when the link copies for the first ``link_busy_s`` seconds of it."""
+        end, _ = self.host_dram_finish(0.0, self.host_compute_seconds(op, threads), op.weight_bytes,
+                                       [(0.0, link_busy_s)] if link_busy_s > 0 else [])
+        return end
 
     def host_expert_seconds(self, n_tokens: int, threads: int) -> float:
         """One expert on an idle host, from activations leaving the device to the result back on it."""
@@ -163,23 +264,40 @@ class CostEstimates:
     def copy_s(self) -> float:
         return self.model.copy_seconds(self.model.expert_copy_bytes)
 
-    def expert_s(self, n_tokens: int, bytes_ratio: float = 1.0) -> float:
-        return self.model.op_seconds(*self.model.expert(n_tokens, bytes_ratio))
+    def expert_s(self, n_tokens: int, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> float:
+        return self.model.op_seconds(*self.model.expert(n_tokens, bytes_ratio, kernel))
 
-    def experts_fused_s(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> float:
-        return self.model.op_seconds(*self.model.experts_fused(tokens_per_expert, bytes_ratio))
+    def experts_fused_s(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0,
+                        kernel: LowBitKernel | None = None) -> float:
+        return self.model.op_seconds(*self.model.experts_fused(tokens_per_expert, bytes_ratio, kernel))
 
-    def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float = 1.0) -> float:
-        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, bytes_ratio))
+    def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float | None = None,
+                kernel: LowBitKernel | None = None) -> float:
+        ratio, kernel = self._dense(bytes_ratio, kernel)
+        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, ratio, kernel))
 
-    def head_s(self, rows: int = 1, bytes_ratio: float = 1.0) -> float:
-        return self.model.op_seconds(*self.model.head(rows, bytes_ratio))
+    def head_s(self, rows: int = 1, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> float:
+        ratio, kernel = self._dense(bytes_ratio, kernel)
+        return self.model.op_seconds(*self.model.head(rows, ratio, kernel))
+
+    def _dense(self, bytes_ratio, kernel):
+        """No ratio given: the target's own dense weights, at its precision (``--dense-bits``) and kernel."""
+        if bytes_ratio is None:
+            precision = self._engine.precision
+            return precision.dense_ratio, precision.dense_kernel if kernel is None else kernel
+        return bytes_ratio, kernel
 
     def router_s(self, n_tokens: int) -> float:
         return self.model.op_seconds(*self.model.router(n_tokens))
 
     def host_expert_s(self, n_tokens: int) -> float:
-        return self.model.host_expert_seconds(n_tokens, self._engine.host_threads)
+        """One expert on the host started now behind the host's queue, activations down and back included, its
+        weights streamed from DRAM shared with the copies the link has started or queued by then."""
+        m, e = self.model, self._engine
+        op = m.host_expert(n_tokens)
+        hop = m.hop_seconds(op.act_bytes)
+        busy = max(0.0, e.clock.link_backlog_s() - self.host_backlog_s() - hop)
+        return 2 * hop + m.host_seconds_shared(op, e.host_threads, busy)
 
     def link_backlog_s(self, priority: float | None = None) -> float:
         return self._engine.clock.link_backlog_s(priority)

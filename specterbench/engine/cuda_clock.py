@@ -153,8 +153,9 @@ class CudaClock(_Backlog):  # pragma: no cover - needs CUDA
         return t.link_bytes / t.link_busy_s if t.link_busy_s > 0 else self.costs.profile.link_bytes_per_s
 
     # ---- compute -----------------------------------------------------------------------------------
-    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        return self.costs.op_seconds(flops, nbytes, launches)  # the kernel itself takes the real time
+    def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                efficiency: float = 1.0) -> float:
+        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)  # the kernel takes the real time
 
     def run_on_host(self, fn, op: HostOp, threads: int, *args) -> HostJob:
         """Inputs go to pinned host buffers on the compute stream (an event marks them ready); the worker thread

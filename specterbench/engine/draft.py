@@ -9,9 +9,15 @@
   (4 + 20/128 ≈ 4.16 bits per weight), the artifact's draft;
 - ``hqq``: Half-Quadratic Quantization (the ``hqq`` package, optional), 2/3/4/8 bits, fp16 scale and zero per group.
 
-Bytes are the packed bytes plus the per-group metadata, known before quantizing (a budget can be checked
-first), and are charged to the strategy that keeps the copies on the device. The modeled clock prices the
-draft's routed experts of one layer as one fused low-bit MoE kernel (as the artifact runs them).
+The copies hold exactly that on the device: packed codes plus per-group metadata (:mod:`specterbench.engine.packing`),
+computed with torch's int4 weight-only kernel or bitsandbytes' 4-bit gemv where the format has one, otherwise
+dequantized one expert (or one block of rows) at a time into a reused scratch buffer. Bytes — packed values,
+metadata and that scratch — are known before quantizing (a budget can be checked first) and are charged to the
+strategy that keeps the copies on the device; :meth:`QuantizedExperts.allocated_bytes` reports the storage really
+held, for the row's ``strategy_device_bytes_allocated``. A copy lives for one cell: :func:`release_drafts` frees
+every copy when the cell ends (nothing is parked on the host). The modeled clock prices the kernel that runs: the
+draft's routed experts of one layer as one fused low-bit MoE kernel, plus the scratch traffic and launches of the
+dequantization where no low-bit kernel exists.
 
 :class:`QuantizedDense` is the draft's optional low-bit copy of everything else it reads per token — attention,
 shared experts, dense MLPs and the output head (every ``nn.Linear`` of the model; routers and the embedding
@@ -21,12 +27,16 @@ stay shared): swapped in for the draft's forward (``engine.forward(..., dense=co
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from specterbench.engine import packing
+from specterbench.engine.costs import Op
+from specterbench.engine.geometry import PRICED_DTYPE_BYTES
+from specterbench.engine.kernels import BF16, INT4_TORCH, kernel_for
 from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
 
@@ -79,8 +89,11 @@ class QuantSpec:
             return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
         return f"{self.quantizer}{self.bits}/g{self.blocksize}"
 
-    def tensor_bytes(self, n: int) -> int:
-        """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata)."""
+    def tensor_bytes(self, n: int, cols: int | None = None) -> int:
+        """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata); with
+        ``cols`` (its input dimension) the groups are those :meth:`weight_bytes` stores."""
+        if cols is not None:
+            return self.weight_bytes((n // cols, cols))
         groups = -(-n // self.blocksize)
         if self.quantizer == "bnb":
             return (n * self.bits + 7) // 8 + groups * 4  # fp32 absmax per block
@@ -89,29 +102,131 @@ class QuantSpec:
         packed = -(-groups // 10) * self.blocksize * 4 if self.bits == 3 else (n * self.bits + 7) // 8
         return packed + groups * 4  # hqq: 3-bit packs ten values per int32; fp16 scale and zero per group
 
+    def groups(self, n: int, cols: int | None = None) -> int:
+        """Quantization groups stored for a weight of ``n`` values with ``cols`` input columns (bnb: blocks over the
+        flattened weight; int and hqq: per row, a row that is not a multiple of the group being one group)."""
+        if cols is None or self.quantizer == "bnb":
+            return -(-n // self.blocksize)
+        rows = n // cols
+        return rows * (cols // self.blocksize if cols % self.blocksize == 0 else 1)
+
+    def weight_bytes(self, shape) -> int:
+        """Device bytes of one weight ``[R, C]`` as :mod:`~specterbench.engine.packing` stores it: packed values plus
+        per-group metadata, groups counted per row (a row shorter than a group is one group). Equals
+        :meth:`tensor_bytes` whenever ``C`` is a multiple of the group (every real model)."""
+        rows, cols = shape
+        n = rows * cols
+        if self.quantizer == "bnb":
+            return self.tensor_bytes(n)  # blocks run over the flattened weight
+        groups = rows * (cols // (self.blocksize if cols % self.blocksize == 0 else cols))
+        if self.quantizer == "int":
+            return packing.packed_bytes(n, self.bits) + 2 * groups + packing.packed_bytes(groups, self.bits)
+        return packing.packed_bytes(n, self.bits) + 4 * groups  # hqq: fp16 scale and zero
+
     def bits_per_weight(self, n: int = 1 << 20) -> float:
         return 8 * self.tensor_bytes(n) / n
 
 
+def _kernel_for(shape, spec: QuantSpec, engine) -> str:
+    """The kernel a weight of ``shape`` quantized with ``spec`` runs on ``engine``'s device (before quantizing)."""
+    rows, cols = shape
+    group = spec.blocksize if cols % spec.blocksize == 0 else cols
+    if (spec.quantizer == "int" and spec.bits == 4 and group in packing.INT4_GROUPS and rows % 16 == 0
+            and cols % (16 * packing.INT4_INNER_K_TILES) == 0
+            and packing.int4_kernel_works(str(engine.device), engine.compute_dtype)):
+        return "int4mm"
+    if spec.quantizer == "bnb" and spec.bits == 4 and engine.device.type == "cuda":  # pragma: no cover - CUDA
+        return "bnb-gemv"
+    return "dequant"
+
+
+def _scratch_elems(shape, spec: QuantSpec, kernel: str, rows: int | None = None) -> int:
+    """What :meth:`PackedWeight.scratch_elems` will say for this weight (before quantizing)."""
+    r, c = shape
+    if kernel == "int4mm":
+        return 2 * r * (c // spec.blocksize)  # the kernel's (scale, zero) table
+    if kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
+        return 0
+    return min(r, rows or r) * c
+
+
+def _priced_share(engine, elems: float) -> int:
+    """``elems`` 16-bit values at the priced geometry, in the engine's byte units (their share of all expert bytes)."""
+    g = engine.geometry
+    return int(round(elems * g.dtype_bytes / g.all_expert_bytes * engine.total_expert_bytes))
+
+
+def expert_scratch_bytes(engine, spec: QuantSpec) -> int:
+    """Device bytes of the scratch a :class:`QuantizedExperts` with ``spec`` keeps: one expert's largest weight
+    dequantized (or the int4 kernel's table) in the compute dtype, plus the unpacking tables — what it allocates at
+    the model's own geometry; at a projection, the real model's one expert weight's share."""
+    gate_up, down = engine.store.weights[next(iter(engine.store.weights))]
+    kernels = [_kernel_for(w.shape, spec, engine) for w in (gate_up, down)]
+    if engine.geometry is not engine.own_geometry:
+        g = engine.geometry
+        return _priced_share(engine, 0 if "dequant" not in kernels else 2 * g.expert_intermediate * g.hidden)
+    elems = max(_scratch_elems(w.shape, spec, k) for w, k in zip((gate_up, down), kernels))
+    return elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def price_kernel(kernels, spec: QuantSpec):
+    """The :class:`~specterbench.engine.kernels.LowBitKernel` that prices weights run by ``kernels`` (the names
+    :class:`~specterbench.engine.packing.PackedWeight` reports): torch's int4 mm and bitsandbytes' 4-bit gemv at
+    their measured efficiency; a weight dequantized into the 16-bit scratch is a 16-bit GEMM, its unpacking paid as
+    the scratch's write and read (in the caller's bytes) and the dequantization's launches."""
+    kernels = set(kernels)
+    if "dequant" in kernels:
+        return BF16
+    if kernels <= {"int4mm", "bnb-gemv"}:
+        return INT4_TORCH
+    return kernel_for(spec)  # pragma: no cover - a kernel this module does not know yet
+
+
 def quantized_bytes(engine, spec: QuantSpec) -> int:
-    """Device bytes of every routed expert quantized with ``spec``; equals :attr:`QuantizedExperts.nbytes`."""
-    return sum(spec.tensor_bytes(w.numel()) for pair in engine.store.weights.values() for w in pair)
+    """Device bytes of every routed expert quantized with ``spec`` (packed values and metadata) plus the scratch it
+    computes with; equals :attr:`QuantizedExperts.nbytes`."""
+    packed = sum(spec.weight_bytes(w.shape) for pair in engine.store.weights.values() for w in pair)
+    return packed + expert_scratch_bytes(engine, spec)
+
+
+_STORES = ("_quantized_experts", "_quantized_dense")
 
 
 def _shared(engine, store: str, spec: QuantSpec, make):
-    """The one copy per (engine, ``store``, spec), made by ``make(engine, spec)`` the first time; a parked copy
-    comes back to the device."""
+    """The one copy per (engine, ``store``, spec) in this cell, made by ``make(engine, spec)`` the first time."""
     copies = engine.__dict__.setdefault(store, {})
     if spec not in copies:
         copies[spec] = make(engine, spec)
-    copies[spec].unpark()
     return copies[spec]
 
 
 def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
-    """One quantized copy per (engine, spec), shared by the cells that use it (quantizing takes seconds); a
-    parked copy comes back to the device."""
+    """One quantized copy per (engine, spec) within a cell (a strategy and its helpers share it); released with
+    every other copy by :func:`release_drafts` when the cell ends."""
     return _shared(engine, "_quantized_experts", spec, QuantizedExperts)
+
+
+def live_drafts(engine) -> list:
+    """The quantized copies the engine holds now (this cell's)."""
+    return [d for store in _STORES for d in engine.__dict__.get(store, {}).values()]
+
+
+def drafts_allocated_bytes(engine) -> int:
+    """Storage bytes of every live quantized copy, scratch included: the row's ``strategy_device_bytes_allocated``."""
+    return sum(d.allocated_bytes() for d in live_drafts(engine))
+
+
+def release_drafts(engine) -> None:
+    """At the end of a cell: free every quantized copy's packed weights and scratch (a strategy object that still
+    holds one holds an empty shell), so nothing the next cell is not charged for stays allocated."""
+    for d in live_drafts(engine):
+        d.release()
+    for store in _STORES:
+        engine.__dict__.pop(store, None)
 
 
 def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
@@ -137,13 +252,19 @@ def dense_params(geometry) -> float:
 
 
 def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
-    """Device bytes of a dense copy with ``spec`` in the engine's byte units: its share of the expert bytes at
-    the priced geometry (a projection charges what the real model's copy would take of its budget)."""
+    """Device bytes of a dense copy with ``spec`` in the engine's byte units, its scratch included. At the model's
+    own geometry: what the copy really stores. At a projection: its share of the expert bytes at the priced
+    geometry (what the real model's copy would take of its budget), the scratch scaled alike."""
     if spec is None:
         return 0
+    linears = dense_linears(engine.model)
+    real = sum(spec.weight_bytes(tuple(m.weight.shape)) for m in linears)
     g = engine.geometry
-    real = dense_params(g) * spec.bits_per_weight() / 8
-    return int(round(real / g.all_expert_bytes * engine.total_expert_bytes))
+    if g is engine.own_geometry or not real:
+        return real + _dense_scratch_real_bytes(engine, spec)
+    packed = dense_params(g) * spec.bits_per_weight() / 8 / g.all_expert_bytes * engine.total_expert_bytes
+    largest = g.hidden * max(g.heads * g.head_dim, g.dense_intermediate, g.shared_intermediate)  # one linear
+    return int(round(packed)) + _priced_share(engine, largest)
 
 
 def dense_linears(model) -> list[nn.Linear]:
@@ -152,92 +273,83 @@ def dense_linears(model) -> list[nn.Linear]:
             if isinstance(m, nn.Linear) and not name.endswith("shared_expert_gate")]
 
 
+def dense_scratch_rows(model) -> int:
+    """Scratch elements of a dense copy: the largest linear but the output head, which is dequantized a block of
+    rows at a time through the same buffer (so the scratch stays a small share of the copy)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    sizes = [m.weight.numel() for m in dense_linears(model) if m is not head]
+    if not sizes:
+        sizes = [m.weight.numel() for m in dense_linears(model)]
+    return max(sizes, default=0)
+
+
+def _dense_scratch_real_bytes(engine, spec: QuantSpec) -> int:
+    linears = dense_linears(engine.model)
+    cap = dense_scratch_rows(engine.model)
+    elems = max((_scratch_elems(tuple(m.weight.shape), spec, _kernel_for(tuple(m.weight.shape), spec, engine),
+                                rows=max(1, cap // m.weight.shape[1])) for m in linears), default=0)
+    return elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+
+
 class QuantizedDense:
-    """The draft's own low-bit copy of the dense weights; ``with copy:`` swaps it into the model (the target's
-    weights come back on exit). ``bytes_ratio``: the copy's bytes per weight over 16-bit."""
+    """The draft's own low-bit copy of the dense weights, packed; ``with copy:`` routes every replaced linear layer
+    through it (the target's layers come back on exit). ``bytes_ratio``: what its kernels read per weight over
+    16-bit — the packed bytes, plus a 16-bit write and read of the scratch where a weight is dequantized."""
 
     def __init__(self, engine, spec: QuantSpec):
         self.engine, self.spec = engine, spec
         self.nbytes = dense_quantized_bytes(engine, spec)
-        self.bytes_ratio = spec.bits_per_weight() / 16
         self.modules = dense_linears(engine.model)
-        self.weights = [nn.Parameter(roundtrip(m.weight.detach().float(), spec).to(m.weight.dtype),
-                                     requires_grad=False) for m in self.modules]
-        self._saved: list = []
+        cap = dense_scratch_rows(engine.model)
+        self.packed = [packing.PackedWeight(m.weight.detach(), spec, engine.compute_dtype) for m in self.modules]
+        elems = max((p.scratch_elems(rows=max(1, cap // p.shape[1])) for p in self.packed), default=0)
+        self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
+        stored = spec.bits_per_weight() / 16
+        weights = sum(p.shape[0] * p.shape[1] for p in self.packed) or 1
+        dequant = sum(p.shape[0] * p.shape[1] for p in self.packed if p.kernel == "dequant") / weights
+        self.kernels = sorted({p.kernel for p in self.packed})
+        self.kernel = price_kernel(self.kernels, spec)  # how the modeled clock prices the kernels that read this copy
+        self.bytes_ratio = stored + 2 * dequant  # a dequantized weight: 16-bit written to scratch and read back
+        self._active = False
+
+    def _forward(self, i: int, x: torch.Tensor) -> torch.Tensor:  # [..., C] -> [..., R]
+        m = self.modules[i]
+        shape = x.shape
+        y = self.packed[i].linear(x.reshape(-1, shape[-1]), self.scratch, m.bias)
+        return y.reshape(*shape[:-1], y.shape[-1])
 
     def __enter__(self):
-        self._saved = [m._parameters["weight"] for m in self.modules]
-        for m, w in zip(self.modules, self.weights):
-            m._parameters["weight"] = w
+        for i, m in enumerate(self.modules):
+            m.forward = functools.partial(self._forward, i)  # an instance attribute: nn.Module.__call__ uses it
+        self._active = True
         return self
 
     def __exit__(self, *exc):
-        for m, w in zip(self.modules, self._saved):
-            m._parameters["weight"] = w
-        self._saved = []
+        for m in self.modules:
+            m.__dict__.pop("forward", None)
+        self._active = False
         return False
 
-    def park(self) -> None:
-        if self.engine.device.type != "cpu":  # pragma: no cover - needs CUDA
-            self.weights = [nn.Parameter(w.data.to("cpu"), requires_grad=False) for w in self.weights]
+    def allocated_bytes(self) -> int:
+        if not self.packed:
+            return 0  # released
+        held = sum(p.nbytes() for p in self.packed) + packing.storage_bytes(self.scratch)
+        return held + packing.unpack_table_bytes(self.spec.bits)
 
-    def unpark(self) -> None:
-        if self.engine.device.type != "cpu":  # pragma: no cover - needs CUDA
-            self.weights = [nn.Parameter(w.data.to(self.engine.device), requires_grad=False) for w in self.weights]
+    def release(self) -> None:
+        if self._active:
+            self.__exit__()
+        self.packed, self.scratch = [], torch.empty(0)
 
 
 def shared_dense(engine, spec: QuantSpec | None) -> QuantizedDense | None:
-    """One dense copy per (engine, spec), shared by the cells that use it; None for no copy."""
+    """One dense copy per (engine, spec) within a cell; None for no copy."""
     return None if spec is None else _shared(engine, "_quantized_dense", spec, QuantizedDense)
 
 
 def draft_label(spec: QuantSpec, dense: QuantSpec | None = None) -> str:
     """``int3/g128``, or ``int3/g128 + dense int8/g64`` for a draft with its own dense copy."""
     return spec.label() + (f" + dense {dense.label()}" if dense else "")
-
-
-def park_unclaimed(engine, strategy=None) -> None:
-    """Between cells (top of ``Engine.configure``): every shared quantized copy moves to host memory, so that
-    no cell holds device bytes it is not charged for; the strategy that uses one brings it back through
-    :func:`shared_quantized` in its ``attach`` (and is charged for it by its ``device_bytes``)."""
-    for draft in (*engine.__dict__.get("_quantized_experts", {}).values(),
-                  *engine.__dict__.get("_quantized_dense", {}).values()):
-        draft.park()
-
-
-def _int_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """Asymmetric round-to-nearest per group of ``blocksize`` along the input dim; returns the dequantized
-    weight (fp16 scale, integer zero point, as stored)."""
-    rows, cols = w.shape
-    g = spec.blocksize if cols % spec.blocksize == 0 else cols  # a row shorter than a group is one group
-    x = w.float().reshape(rows, cols // g, g)  # [R, G, g]
-    qmax = (1 << spec.bits) - 1
-    lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
-    scale = ((hi - lo) / qmax).clamp_min(1e-8).half().float()
-    zero = (-lo / scale).round().clamp(0, qmax)
-    q = (x / scale + zero).round().clamp(0, qmax)
-    return ((q - zero) * scale).reshape(rows, cols)
-
-
-def _hqq_roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    try:
-        from hqq.core.quantize import Quantizer
-    except ImportError:
-        raise UsageError("quantizer 'hqq' needs the hqq package: pip install --no-deps hqq termcolor") from None
-    g = spec.blocksize if w.numel() % spec.blocksize == 0 else w.shape[1]
-    wq, meta = Quantizer.quantize(w.float(), nbits=spec.bits, group_size=g, optimize=True, axis=1,
-                                  device=str(w.device), compute_dtype=torch.float32)
-    meta["scale"], meta["zero"] = meta["scale"].half().float(), meta["zero"].half().float()  # stored in fp16
-    return Quantizer.dequantize(wq, meta).reshape(w.shape)
-
-
-def _to(t, device):  # pragma: no cover - needs CUDA
-    """A dense tensor, or a bitsandbytes (packed, state) pair, on ``device``."""
-    if isinstance(t, tuple):
-        packed, state = t
-        state.to(device)
-        return packed.to(device), state
-    return t.to(device)
 
 
 def quantize(w: torch.Tensor, spec: QuantSpec):
@@ -261,82 +373,88 @@ def dequantize(packed, state, spec: QuantSpec) -> torch.Tensor:
     return bnbf.dequantize_blockwise(packed, state)
 
 
+def pack(w: torch.Tensor, spec: QuantSpec, compute_dtype: torch.dtype | None = None,
+         kernels: bool = True) -> packing.PackedWeight:
+    """One 2-D weight quantized with ``spec`` and stored packed (any quantizer); ``compute_dtype`` (default
+    ``w``'s) decides whether a low-bit kernel can run it."""
+    return packing.PackedWeight(w, spec, compute_dtype or w.dtype, kernels=kernels)
+
+
 def roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """``w`` quantized with ``spec`` and dequantized back (the values the draft computes with)."""
+    """``w`` quantized with ``spec`` and dequantized back, fp32 (the values the draft computes with)."""
     if spec.quantizer == "bnb":
         packed, state, _ = quantize(w, spec)
-        return dequantize(packed, state, spec)
-    if spec.quantizer == "int":
-        return _int_roundtrip(w, spec)
-    return _hqq_roundtrip(w, spec)
+        return dequantize(packed, state, spec).float()
+    return pack(w.float(), spec, torch.float32, kernels=False).dequantize(torch.float32)
 
 
 class QuantizedExperts:
-    """Every routed expert quantized and resident on the device; callable in place of the offloaded cache.
+    """Every routed expert quantized and resident on the device, packed; callable in place of the offloaded cache.
 
-    On CUDA a bitsandbytes 4-bit draft keeps only the packed weights and computes with bitsandbytes' packed
-    4-bit kernels (``matmul_4bit``: gemv on packed nibbles for one token), never a full 16-bit copy per call.
-    Elsewhere the dequantized values are kept once (identical numbers, faster), while the bytes charged stay
-    the packed ones. Each call records the experts it routed to, so a strategy can read the draft's routing.
+    Each expert's ``gate_up`` [2I, H] and ``down`` [H, I] are :class:`~specterbench.engine.packing.PackedWeight`s:
+    int4 (group 32-256) runs torch's int4 weight-only matmul, bitsandbytes 4-bit on CUDA its gemv, every other
+    format is dequantized one weight at a time into one reused scratch buffer of the largest expert weight. Each
+    call records the experts it routed to, so a strategy can read the draft's routing.
     """
+
+    DEQUANT_LAUNCHES = 8  # launches to dequantize one weight (bits gathers and adds, cast, subtract, scale)
 
     def __init__(self, engine, spec: QuantSpec):
         self.engine = engine
         self.spec = spec
-        self.packed_kernels = engine.device.type == "cuda" and spec.quantizer == "bnb" and spec.bits == 4
-        self.packed: dict = {}
-        self.dense: dict = {}
         self.nbytes = quantized_bytes(engine, spec)
+        self.packed: dict = {}
         for key, pair in engine.store.weights.items():
-            if self.packed_kernels:  # pragma: no cover - needs CUDA
-                self.packed[key] = tuple(quantize(w.to(engine.device), spec)[:2] for w in pair)
-            else:
-                self.dense[key] = tuple(roundtrip(w.to(engine.device).float(), spec).to(engine.compute_dtype)
-                                        for w in pair)
-        self.bytes_ratio = self.nbytes / engine.total_expert_bytes  # ≈ 0.28 nf4/b64, ≈ 0.26 int4/g128
+            self.packed[key] = tuple(packing.PackedWeight(w.to(engine.device), spec, engine.compute_dtype)
+                                     for w in pair)
+        first = self.packed[next(iter(self.packed))]
+        elems = max(p.scratch_elems() for p in first)
+        self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
+        self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft
+        self.kernel = price_kernel([p.kernel for p in first], spec)  # and how the modeled clock prices it
+        self.dequantized = sum(p.kernel == "dequant" for p in first) / 2  # share of weights dequantized per call
+        packed_bytes = sum(spec.weight_bytes(w.shape) for pair in engine.store.weights.values() for w in pair)
+        # over 16-bit weights (the cost model's unit), whatever the target's own precision: ≈ 0.28 nf4/b64, 0.26 int4
+        self.stored_ratio = packed_bytes / (PRICED_DTYPE_BYTES * engine.store.total_params)
+        self.bytes_ratio = self.stored_ratio  # what the fused kernel reads (the dequantization is charged apart)
         self.routing: list[tuple[int, list[int], list[int]]] = []  # (layer, experts, tokens per expert)
 
-    def _move(self, device) -> None:
-        if self.engine.device.type == "cpu":
-            return  # host memory already: nothing to move
-        for store in (self.packed, self.dense):  # pragma: no cover - needs CUDA
-            for key, pair in store.items():
-                store[key] = tuple(_to(t, device) for t in pair)
+    def allocated_bytes(self) -> int:
+        """Storage bytes of every tensor this copy holds on its device, scratch and unpacking tables included."""
+        if not self.packed:
+            return 0  # released
+        held = sum(p.nbytes() for pair in self.packed.values() for p in pair)
+        return held + packing.storage_bytes(self.scratch) + packing.unpack_table_bytes(self.spec.bits)
 
-    def park(self) -> None:
-        """To host memory (no device bytes held)."""
-        self._move("cpu")
-
-    def unpark(self) -> None:
-        self._move(self.engine.device)
+    def release(self) -> None:
+        """Free the packed weights and the scratch (the end of the cell)."""
+        self.packed, self.scratch = {}, torch.empty(0)
 
     def weights(self, key):
-        """Dense weights of one quantized expert (a substitute for a missed one)."""
-        if self.packed_kernels:  # pragma: no cover - needs CUDA
-            return tuple(dequantize(p, s, self.spec).to(self.engine.compute_dtype) for p, s in self.packed[key])
-        return self.dense[key]
-
-    def _linear(self, x, key, i):
-        if self.packed_kernels:  # pragma: no cover - needs CUDA
-            import bitsandbytes as bnb
-
-            packed, state = self.packed[key][i]
-            return bnb.matmul_4bit(x, packed.t(), quant_state=state)  # gemv on packed nibbles for one token
-        return F.linear(x, self.dense[key][i])
+        """Dense weights of one quantized expert, dequantized into new tensors (a substitute for a missed one)."""
+        return tuple(p.dequantize(self.engine.compute_dtype) for p in self.packed[key])
 
     def __call__(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         groups = group_tokens(top_k_index, top_k_weights, self.engine.num_experts)
         self.routing.append((layer, groups.experts, groups.tokens_per_expert))
         out = torch.zeros_like(hidden)  # [T, H]
         for e, token_idx, scale in groups:  # token_idx [n], scale [n, 1]
-            gate, up = self._linear(hidden[token_idx], (layer, e), 0).chunk(2, dim=-1)
-            y = self._linear(act_fn(gate) * up, (layer, e), 1) * scale  # [n, H]
+            gate_up, down = self.packed[(layer, e)]
+            gate, up = gate_up.linear(hidden[token_idx], self.scratch).chunk(2, dim=-1)
+            y = down.linear(act_fn(gate) * up, self.scratch) * scale  # [n, H]
             out.index_add_(0, token_idx, y.to(out.dtype))
         self.charge_fused(groups.tokens_per_expert)
         return out
 
     def charge_fused(self, n_tokens) -> None:
         """Modeled cost of one layer's routed experts as one fused low-bit MoE kernel (the cost model's
-        ``experts_fused``: every routed expert's FLOPs and quantized bytes, one expert's launches)."""
+        ``experts_fused``: every routed expert's FLOPs and quantized bytes, one expert's launches); where the
+        format has no low-bit kernel, each expert's weights are also written to and read from the 16-bit scratch,
+        with the dequantization's launches."""
         engine = self.engine
-        engine.charge(engine.clock.costs.experts_fused(n_tokens, self.bytes_ratio))
+        costs = engine.clock.costs
+        engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio + 2 * self.dequantized, self.kernel))
+        if self.dequantized:
+            g = costs.geometry
+            launches = round(self.DEQUANT_LAUNCHES * 2 * self.dequantized * len(n_tokens) * g.layer_scale)
+            engine.charge(Op(0.0, 0.0, launches))

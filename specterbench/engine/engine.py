@@ -22,6 +22,7 @@ from specterbench.engine.cache import DeviceCache
 from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.geometry import Geometry, geometry_from_config
+from specterbench.engine.precision import BF16
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
@@ -91,7 +92,9 @@ class Engine(CacheControl):
         self.recorder: RoutingRecorder | None = None
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
         self.host_placed_s = 0.0  # host seconds of this layer's misses placed on the host, not yet started
+        self.precision = BF16  # the target's stored precision (``--expert-bits``/``--dense-bits``): set_precision()
         self.dense_ratio = 1.0  # weight bytes of the dense layers and head over 16-bit in this pass (a draft's copy)
+        self.dense_kernel = None  # the kernel reading them (None: 16-bit; a draft copy's LowBitKernel)
         self.samples: list[StepSample] = []
         self.warming_up = False  # True between begin_warmup() and end_warmup()
         self.current_layer: int | None = None  # the MoE layer being run (None between layers' experts)
@@ -138,12 +141,24 @@ class Engine(CacheControl):
         """What one decode forward needs: the top-k experts of one layer."""
         return self.top_k * self.expert_bytes
 
+    def set_precision(self, precision) -> None:
+        """The target's weights were quantized with ``precision`` (:func:`~specterbench.engine.precision.
+        quantize_model`, before this engine was built): bill every expert at its stored (packed) bytes — cache,
+        budgets and link ledger — and price the geometry at those bits."""
+        from specterbench.engine.precision import priced_geometry
+
+        self.precision = precision
+        self.dense_ratio, self.dense_kernel = precision.dense_ratio, precision.dense_kernel
+        gu, dn = self.store.weights[(0, 0)]
+        self.store.bill_stored_bytes(precision.expert_bytes(gu.shape, dn.shape))
+        own = self.geometry is self.own_geometry
+        self.own_geometry = priced_geometry(self.own_geometry, precision)
+        self.geometry = self.own_geometry if own else priced_geometry(self.geometry, precision)
+
     # ---- cell setup ----------------------------------------------------------------------------------
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
         """Give ``strategy`` a fresh cache of ``budget_bytes`` minus what it keeps on the device itself."""
-        from specterbench.engine.draft import park_unclaimed
-
-        park_unclaimed(self, strategy)  # no quantized draft stays on the device uncharged across cells
+        self.end_cell()  # nothing of the cell before survives: its drafts and scratch are freed
         extra = strategy.device_bytes(self)
         cache_bytes = budget_bytes - extra
         need = strategy.min_cache_bytes(self)
@@ -161,6 +176,16 @@ class Engine(CacheControl):
         self._host_threads = None
         self._wants_landed = type(strategy).on_copy_landed is not Strategy.on_copy_landed
         strategy.attach(self)
+
+    def end_cell(self) -> None:
+        """The cell is over: every quantized copy (draft experts, dense copy, their scratch) is freed, the cache
+        and the strategy let go, so the next cell starts from the engine's own bytes alone."""
+        from specterbench.engine.draft import release_drafts
+
+        release_drafts(self)
+        self.cache = None
+        self.strategy = None
+        self.expert_override = None
 
     def release_device_bytes(self, nbytes: int) -> None:
         """A strategy stops using ``nbytes`` of what :meth:`Strategy.device_bytes` charged (e.g. it drops its draft):
@@ -210,7 +235,8 @@ class Engine(CacheControl):
         self.forward_tokens = T
         self.context_len = kv.get_seq_length() + T
         self.expert_override = experts
-        self.dense_ratio = 1.0 if dense is None else dense.bytes_ratio
+        self.dense_ratio = self.precision.dense_ratio if dense is None else dense.bytes_ratio  # None: the target's
+        self.dense_kernel = self.precision.dense_kernel if dense is None else dense.kernel
         if experts is None:
             self.strategy.on_step_start(T)
         self._charge_dense_layers(T)
@@ -218,10 +244,10 @@ class Engine(CacheControl):
             with dense if dense is not None else contextlib.nullcontext():
                 out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
                                  logits_to_keep=0 if all_logits else 1)
-            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio))
+            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio, self.dense_kernel))
         finally:
             self.expert_override = None
-            self.dense_ratio = 1.0
+            self.dense_ratio, self.dense_kernel = self.precision.dense_ratio, self.precision.dense_kernel
             self.current_layer = self.current_hidden = self.routing = None
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")
@@ -275,20 +301,21 @@ class Engine(CacheControl):
         ``engine.clock.costs.experts_fused(...)``) on the compute stream; its price in seconds."""
         return self.clock.compute(*op)
 
-    def charge_expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> float:
-        """Charge one expert over ``n_tokens`` (``bytes_ratio`` < 1 for a quantized copy) on the compute stream."""
+    def charge_expert(self, n_tokens: int, bytes_ratio: float | None = None) -> float:
+        """Charge one expert over ``n_tokens`` on the compute stream (``bytes_ratio``: a quantized copy's bytes over
+        16-bit; None: the target's own expert at its stored precision)."""
         return self.clock.compute(*self.clock.costs.expert(n_tokens, bytes_ratio))
 
     def _charge_dense_layers(self, T: int) -> None:
         g, costs = self.geometry, self.clock.costs
         for _ in range(g.layers - g.moe_layers):
             self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False,
-                                                  bytes_ratio=self.dense_ratio))
+                                                  bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
 
     def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         """One MoE layer through the cache (the seam's call); phases in :mod:`specterbench.engine.moe_layer`."""
         self.clock.compute(*self.clock.costs.dense_layer(hidden.shape[0], self.context_len, moe=True,
-                                                         bytes_ratio=self.dense_ratio))
+                                                         bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
         if self.expert_override is not None:
             return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         groups = group_tokens(top_k_index, top_k_weights, self.num_experts)

@@ -33,11 +33,14 @@ class Geometry:
     dtype_bytes: int = PRICED_DTYPE_BYTES
     layer_scale: float = 1.0  # real layers each modeled layer stands for (a projection at a larger geometry)
     projected_from: str | None = None  # the model whose routing is priced at this geometry
+    expert_bits_per_weight: float | None = None  # stored bits of a quantized expert (None: dtype_bytes * 8)
+    precision: str = "bf16"  # the target's precision label (engine.precision.Precision.label())
 
     def label(self) -> str:
+        at = "" if self.precision == "bf16" else f", {self.precision}"
         if self.projected_from is None:
-            return f"{self.name} (own geometry)"
-        return (f"{self.projected_from} routing priced at {self.name} geometry (modeled projection: each of "
+            return f"{self.name} (own geometry{at})"
+        return (f"{self.projected_from} routing priced at {self.name} geometry{at} (modeled projection: each of "
                 f"{self.moe_layers} MoE layers stands for {self.layer_scale:.2f} real layers)")
 
     @property
@@ -46,7 +49,10 @@ class Geometry:
 
     @property
     def expert_bytes(self) -> int:
-        return self.expert_params * self.dtype_bytes
+        """Stored bytes of one expert: 16-bit, or packed codes plus group metadata for a quantized target."""
+        if self.expert_bits_per_weight is None:
+            return self.expert_params * self.dtype_bytes
+        return int(round(self.expert_params * self.expert_bits_per_weight / 8))
 
     @property
     def all_expert_bytes(self) -> int:

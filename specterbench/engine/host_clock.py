@@ -63,8 +63,9 @@ class HostWallClock(_Backlog):
         out, self._landed = self._landed, []
         return out
 
-    def compute(self, flops: float, nbytes: float, launches: int = 1) -> float:
-        return self.costs.op_seconds(flops, nbytes, launches)
+    def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
+                efficiency: float = 1.0) -> float:
+        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
 
     def wait_landed(self, t: Transfer) -> float:
         return 0.0  # it landed when it was issued

@@ -82,9 +82,9 @@ def run_elsewhere(engine: "Engine", elsewhere: dict[ExpertKey, str], groups: Tok
             stats.host_experts += 1
             stats.activation_bytes += 2 * n * hidden.shape[1] * hidden.element_size()  # down and back
         else:
-            weights, ratio = engine.strategy.substitute(key)
+            weights, ratio, *kernel = engine.strategy.substitute(key)  # kernel: optional (a LowBitKernel)
             outputs[key[1]] = (token_idx, expert_forward(weights, act_fn, hidden[token_idx], scale))
-            clock.compute(*costs.expert(n, ratio))
+            clock.compute(*costs.expert(n, ratio, kernel[0] if kernel else None))
             stats.substituted += 1
     return jobs
 

@@ -8,7 +8,10 @@ each expert copy ``link_latency_us + bytes / link_bytes_per_s`` on the copy stre
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from specterbench.errors import UsageError
 
@@ -24,12 +27,14 @@ class HardwareProfile:
     launch_us: float  # per-kernel launch/dispatch overhead on the compute stream
     device_memory_bytes: int
     sources: tuple[str, ...]
+    # CUDA-core 32-bit instruction throughput actually reachable, for low-bit kernels' dequantization
+    # (:mod:`specterbench.engine.kernels`); 0: not stated, priced at flops_per_s / 16 (the A100's CUDA-core to
+    # tensor-core ratio, 19.5 vs 312 TFLOP/s)
+    alu_ops_per_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("float", "int") and not value > 0 and f.name not in ("link_latency_us", "launch_us"):
-                raise UsageError(f"profile {self.name!r}: field {f.name} must be > 0, got {value!r}")
+        # alu_ops_per_s may be 0 (not stated: priced at flops_per_s / 16)
+        _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us", "alu_ops_per_s"))
 
     @classmethod
     def from_dict(cls, data: dict) -> "HardwareProfile":
@@ -39,17 +44,43 @@ class HardwareProfile:
         return f"modeled:{self.name}"
 
 
+def _check_fields(profile, kind: str, may_be_zero: tuple[str, ...] = ()) -> None:
+    """Every number of a profile finite and positive (``may_be_zero``: at least 0), every text non-empty, at least
+    one source: a one-line UsageError naming the field otherwise (inf, nan, a string, a bool included)."""
+    for f in dataclasses.fields(profile):
+        value = getattr(profile, f.name)
+        if f.type in ("float", "int"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be finite, got {value!r}")
+            if value < 0 or (value == 0 and f.name not in may_be_zero):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be > 0, got {value!r}")
+            if f.type == "int" and value != int(value):
+                raise UsageError(f"{kind} {profile.name!r}: field {f.name} must be a whole number, got {value!r}")
+        elif f.type == "str" and not (isinstance(value, str) and value.strip()):
+            raise UsageError(f"{kind} {getattr(profile, 'name', '?')!r}: field {f.name} must be a non-empty text, "
+                             f"got {value!r}")
+    sources = profile.sources
+    if not sources or not all(isinstance(s, str) and s.strip() for s in sources):
+        raise UsageError(f"{kind} {profile.name!r}: sources must list at least one non-empty text (where each "
+                         f"figure comes from)")
+
+
 def _from_dict(cls, data: dict, kind: str):
     """A profile from plain data (a TOML table); a missing or unknown field is named in one line."""
     names = [f.name for f in dataclasses.fields(cls)]
-    missing = [n for n in names if n not in data]
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.default is dataclasses.MISSING]
     if missing:
         raise UsageError(f"{kind} {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
                          f"a {kind} needs: {', '.join(names)}")
     unknown = sorted(set(data) - set(names))
     if unknown:
         raise UsageError(f"{kind} {data.get('name', '?')!r} has unknown field(s) {', '.join(unknown)}")
-    return cls(**{**data, "sources": tuple(data["sources"])})
+    sources = data["sources"]
+    if isinstance(sources, str) or not isinstance(sources, (list, tuple)):
+        raise UsageError(f"{kind} {data.get('name', '?')!r}: sources must be a list of texts, got {sources!r}")
+    return cls(**{**data, "sources": tuple(sources)})
 
 
 GB = 1e9
@@ -68,7 +99,9 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
             "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 1555 GB/s HBM2 (40GB PCIe); 60%/80% reachable",
             "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest; mixtral-offloading, Eliseev & "
             "Mazur 2023)",
+            "NVIDIA A100 whitepaper: 108 SMs x 64 INT32 lanes x 1.41 GHz = 9.7e12 instructions/s; 60% reachable",
         ),
+        alu_ops_per_s=108 * 64 * 1.41e9 * 0.6,
     ),
     HardwareProfile(
         name="h100-pcie5",
@@ -82,7 +115,9 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
         sources=(
             "NVIDIA H100 PCIe datasheet: 756 TFLOP/s bf16 dense, 2.0 TB/s HBM2e; 60%/80% reachable",
             "PCIe 5.0 x16 pinned H2D ~50 GB/s measured (CUDA bandwidthTest on Gen5 hosts)",
+            "NVIDIA H100 whitepaper: 114 SMs (PCIe) x 64 INT32 lanes x 1.755 GHz = 12.8e12 instructions/s; 60%",
         ),
+        alu_ops_per_s=114 * 64 * 1.755e9 * 0.6,
     ),
     HardwareProfile(
         name="rtx4090-pcie4",
@@ -96,7 +131,9 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
         sources=(
             "NVIDIA Ada whitepaper: 165 TFLOP/s bf16 dense (fp32 accumulate), 1008 GB/s GDDR6X; 60%/80% reachable",
             "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest)",
+            "NVIDIA Ada whitepaper: 128 SMs x 64 INT32 lanes x 2.52 GHz = 20.6e12 instructions/s; 60% reachable",
         ),
+        alu_ops_per_s=128 * 64 * 2.52e9 * 0.6,
     ),
 )
 
@@ -107,17 +144,24 @@ DEFAULT_PROFILE = "a100-40g-pcie4"
 class HostProfile:
     """The host CPU that computes experts in place of the accelerator (Fiddler, llama.cpp ``--n-cpu-moe``).
 
-    An expert on the host costs ``max(flops / (flops_per_s * used/threads), weight bytes / mem_bytes_per_s)``:
-    at decode sizes it streams its weights from DRAM, so memory bandwidth decides.
+    An expert on the host costs ``max(flops / (flops_per_s * used/threads), weight bytes / DRAM share)``: at decode
+    sizes it streams its weights from DRAM, so memory bandwidth decides — and that DRAM also serves the link's DMA
+    reads, so while a copy runs the host gets ``mem_bytes_per_s - link_bytes_per_s`` (see
+    :meth:`specterbench.engine.costs.CostModel.host_dram_share`).
     """
 
     name: str
     cpu: str
-    mem_bytes_per_s: float  # sustained DRAM read bandwidth (STREAM-like), all threads
+    # sustained DRAM read bandwidth (STREAM-like), all threads: the one host memory that host experts and the link's
+    # DMA reads share (CostModel.host_dram_share: the host gets this minus the link's rate while a copy runs)
+    mem_bytes_per_s: float
     flops_per_s: float  # sustained bf16/fp32 GEMM throughput, all threads
     threads: int
     launch_us: float  # per-expert dispatch cost on the host (thread-pool wake-up, small-GEMM setup)
     sources: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "host profile", may_be_zero=("launch_us",))
 
     @classmethod
     def from_dict(cls, data: dict) -> "HostProfile":
@@ -152,3 +196,36 @@ BUILTIN_HOST_PROFILES: tuple[HostProfile, ...] = (
 )
 
 DEFAULT_HOST_PROFILE = "desktop-ddr5"
+
+
+# ---- built-in profiles shipped as files ---------------------------------------------------------------------------
+#: The published setups' profiles (MoE-SpeQ, mixtral-offloading, Fiddler, the CPU-expert component's host), as TOML
+#: files in the format ``specterbench calibrate`` writes: copy one, edit it, and pass it as ``--profile PATH``.
+PROFILE_FILES_DIR = Path(__file__).resolve().parent / "profile_files"
+
+
+@functools.lru_cache(maxsize=1)
+def packaged_profiles() -> tuple[tuple[HardwareProfile, ...], tuple[HostProfile, ...]]:
+    """The hardware and host profiles of every file in :data:`PROFILE_FILES_DIR` (validated like any profile file:
+    a missing, non-finite or non-positive field is a one-line error naming the file)."""
+    from specterbench.bench.calibrate import load_profile_file
+
+    hardware, hosts = [], []
+    for path in sorted(PROFILE_FILES_DIR.glob("*.toml")):
+        profile, host = load_profile_file(path, require_profile=False)
+        if profile is not None:
+            hardware.append(profile)
+        if host is not None:
+            hosts.append(host)
+    return tuple(hardware), tuple(hosts)
+
+
+def profile_file_of(name: str) -> Path | None:
+    """The packaged file that defines the (hardware or host) profile ``name``, for a user to copy; None if none."""
+    import tomllib
+
+    for path in sorted(PROFILE_FILES_DIR.glob("*.toml")):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        if name in (data.get("profile", {}).get("name"), data.get("host_profile", {}).get("name")):
+            return path
+    return None

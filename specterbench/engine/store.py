@@ -134,6 +134,18 @@ class ExpertStore:
         itemsize = torch.empty((), dtype=device_dtype or dtype).element_size()
         self.device_expert_bytes = (gu.numel() + dn.numel()) * itemsize
 
+    def bill_stored_bytes(self, nbytes: int) -> None:
+        """A quantized target: one expert is stored (and copied, and held in a cache slot) as ``nbytes`` of packed
+        codes and group metadata (:mod:`specterbench.engine.precision`), whatever dtype its values are kept in."""
+        self.expert_bytes = self.device_expert_bytes = int(nbytes)
+
+    @property
+    def total_params(self) -> int:
+        """Weights of every routed expert (a quantized copy's bytes over ``2 * total_params`` is its ratio over
+        16-bit, the cost model's unit whatever the target's precision)."""
+        gu, dn = self.weights[(0, 0)]
+        return (gu.numel() + dn.numel()) * len(self.weights)
+
     @property
     def total_bytes(self) -> int:
         return self.expert_bytes * len(self.weights)

@@ -6,7 +6,7 @@ import platform
 
 from specterbench import hookimpl
 from specterbench.engine.models import embedded_specs, preset_specs, tiny_random_specs
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES, packaged_profiles
 
 
 def _git_sha() -> str | None:
@@ -27,13 +27,13 @@ def _git_sha() -> str | None:
 
 @hookimpl
 def specterbench_register_profiles(register):
-    for profile in BUILTIN_PROFILES:
+    for profile in (*BUILTIN_PROFILES, *packaged_profiles()[0]):
         register(profile)
 
 
 @hookimpl
 def specterbench_register_host_profiles(register):
-    for profile in BUILTIN_HOST_PROFILES:
+    for profile in (*BUILTIN_HOST_PROFILES, *packaged_profiles()[1]):
         register(profile)
 
 

@@ -1,15 +1,16 @@
 """Specter, its reproduction and its baselines, registered with specterbench through the ``specterbench``
 entry-point group: ``specter`` (full strength), ``specter-artifact`` (the published artifact), ``specmoeoff``
-(the artifact's second baseline) and ``spec-decode`` (an ablation: no plan)."""
+(the artifact's second baseline), ``spec-decode`` (an ablation: no plan, LRU cache, no host path) and ``spec-host``
+(the ablation that isolates the lookahead: Specter without its prefetch plan)."""
 
 from specterbench import hookimpl
 
 from .decoding import accepted_prefix
-from .specter import Specter
+from .specter import SpecHost, Specter
 from .strategies import SpecDecode, SpecMoEOff, SpecterArtifact
 
 __version__ = "0.1.0"
-__all__ = ["Specter", "SpecterArtifact", "SpecMoEOff", "SpecDecode", "accepted_prefix"]
+__all__ = ["Specter", "SpecHost", "SpecterArtifact", "SpecMoEOff", "SpecDecode", "accepted_prefix"]
 
 
 @hookimpl
@@ -18,3 +19,4 @@ def specterbench_register_strategies(register):
     register(SpecterArtifact)
     register(SpecMoEOff)
     register(SpecDecode)
+    register(SpecHost)

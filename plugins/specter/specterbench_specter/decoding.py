@@ -25,6 +25,7 @@ import torch
 from specterbench import Strategy
 from specterbench.engine.draft import (QuantSpec, dense_quantized_bytes, dense_spec, draft_label, quantized_bytes,
                                        shared_dense, shared_quantized)
+from specterbench.engine.precision import check_draft_below
 from specterbench.errors import BudgetError, UsageError
 
 MAX_K = 32
@@ -98,6 +99,7 @@ class SpeculativeDecoding(Strategy):
         """Refuse, in one line naming the smallest budget that works, a budget that cannot hold the draft plus
         the experts one forward needs."""
         spec = QuantSpec.from_options(options, **cls.draft_defaults)
+        check_draft_below(engine.precision, spec, cls.name)
         dense = cls.dense_spec_of(options)
         draft = quantized_bytes(engine, spec) + dense_quantized_bytes(engine, dense)
         need = draft + engine.min_budget_bytes()
@@ -128,10 +130,11 @@ class SpeculativeDecoding(Strategy):
 
     @property
     def dense_ratio(self) -> float:
-        """The draft's dense weights over 16-bit (1.0: it reads the target's)."""
-        return 1.0 if self.dense is None else self.dense.bytes_ratio
+        """The draft's dense weights over 16-bit (without a copy of its own: the target's, at its precision)."""
+        return self.engine.precision.dense_ratio if self.dense is None else self.dense.bytes_ratio
 
     def attach(self, engine):
+        check_draft_below(engine.precision, self.spec, self.name)
         super().attach(engine)
         self.draft = shared_quantized(engine, self.spec)
         self.dense = shared_dense(engine, self.dense_spec)

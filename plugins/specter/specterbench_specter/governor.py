@@ -53,8 +53,10 @@ class Shape:
 class Governor:
     """Online statistics and the forecast; :meth:`choose` is the argmin over the allowed depths."""
 
-    def __init__(self, shape: Shape, choices=K_CHOICES, prior_acceptance: float = 0.8, prior_gamma: float = 0.5):
+    def __init__(self, shape: Shape, choices=K_CHOICES, prior_acceptance: float = 0.8, prior_gamma: float = 0.5,
+                 plan: bool = True):
         self.shape = shape
+        self.plan = plan  # False: no prefetch plan covers any of the window's misses (spec-host)
         self.choices = tuple(choices)
         self.accepted, self.rejected = 8.0 * prior_acceptance, 8.0 * (1 - prior_acceptance)  # worth eight trials
         # accepted run lengths (Kaplan-Meier): draft tokens reaching position j, and rejected at j (j = 1..32)
@@ -172,7 +174,7 @@ class Governor:
         uncached = u * (1 - hit)
         draft_s = k * (self.draft_step_s if self.draft_step_s is not None else costs.draft_step_s())
         planned = 0.0
-        if k:
+        if k and self.plan:
             per_layer_room = max(0.0, s.slots / s.moe_layers - u * hit)
             link_per_layer = draft_s / costs.copy_s() / s.moe_layers if costs.copy_s() > 0 else float("inf")
             planned = min(uncached * self.recall_sum / self.recall_n, per_layer_room, link_per_layer)
@@ -193,9 +195,11 @@ class Governor:
 class WindowCosts:
     """The cost model's prices for one forecast (``engine.costs`` at the present context), per window part."""
 
-    def __init__(self, engine, draft_bytes_ratio: float, remaining: int, host: bool, dense_ratio: float = 1.0):
+    def __init__(self, engine, draft_bytes_ratio: float, remaining: int, host: bool, dense_ratio: float = 1.0,
+                 draft_kernel=None, dense_kernel=None):
         self.engine, self.ratio, self.remaining, self.host = engine, draft_bytes_ratio, remaining, host
         self.dense_ratio = dense_ratio  # the draft's dense weights over 16-bit (1.0: it reads the target's)
+        self.draft_kernel, self.dense_kernel = draft_kernel, dense_kernel  # their low-bit kernels (None: by ratio)
         self.costs = engine.costs
         g = engine.geometry
         self.dense_layers = g.layers - g.moe_layers
@@ -206,8 +210,10 @@ class WindowCosts:
     def draft_step_s(self) -> float:
         c, e = self.costs, self.engine
         d = self.dense_ratio
-        layer = c.layer_s(1, bytes_ratio=d) + c.experts_fused_s([1] * e.top_k, self.ratio)
-        return self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d) + e.num_layers * layer + c.head_s(1, d)
+        dk = self.dense_kernel
+        layer = c.layer_s(1, bytes_ratio=d, kernel=dk) + c.experts_fused_s([1] * e.top_k, self.ratio, self.draft_kernel)
+        return (self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d, kernel=dk) + e.num_layers * layer
+                + c.head_s(1, d, dk))
 
     def verify_s(self, n_tokens: int, union: float) -> float:
         c, e = self.costs, self.engine

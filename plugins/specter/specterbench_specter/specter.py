@@ -33,6 +33,7 @@ from .governor import K_CHOICES, Governor, Shape, WindowCosts
 from .planner import LookaheadPlanner, by_layer
 
 HOST_CHOICES = ("auto", "off")
+PLAN_CHOICES = ("lookahead", "off")  # off: no prefetch plan and no draft-guided eviction (the ablation spec-host)
 EXPLORE_K = (0, 4, 8, 16, 32, 2, 24, 12, 32, 16, 0, 6)  # depths tried on calibration prompts to seed the governor
 
 
@@ -59,7 +60,7 @@ class Specter(SpeculativeDecoding):
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", "dense_bits", *QuantSpec.OPTIONS)
+        return ("k", "host", "plan", "dense_bits", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 
@@ -69,19 +70,25 @@ class Specter(SpeculativeDecoding):
         if str(options.get("host", "auto")) not in HOST_CHOICES:
             raise UsageError(f"option host={options.get('host')!r} is invalid: use one of "
                              f"{', '.join(HOST_CHOICES)}")
+        if str(options.get("plan", cls.plan_default)) not in PLAN_CHOICES:
+            raise UsageError(f"option plan={options.get('plan')!r} is invalid: use one of "
+                             f"{', '.join(PLAN_CHOICES)}")
 
     def __init__(self, **options):
         super().__init__(**options)
         self.host_option = str(options.get("host", "auto"))
+        self.plan_on = str(options.get("plan", self.plan_default)) == "lookahead"
         self.explore: list[int] = []
 
     planner = None
     governor = None
+    plan_default = "lookahead"
 
     def attach(self, engine):
         super().attach(engine)
         self.planner = LookaheadPlanner(engine)
-        self.governor = Governor(Shape(engine.num_layers, engine.num_experts, engine.top_k, self.slots))
+        self.governor = Governor(Shape(engine.num_layers, engine.num_experts, engine.top_k, self.slots),
+                                 plan=self.plan_on)
         self.host_path = self.host_option == "auto" and engine.clock.costs.host is not None
         self.host_calls = self.fetch_calls = 0
         self.forecast = None
@@ -135,7 +142,7 @@ class Specter(SpeculativeDecoding):
         cheaper per token than the best window with the draft, drop the draft and give its bytes to the cache
         (``engine.release_device_bytes``); the cell then decodes with K = 0 only. The bigger cache's misses are
         scaled from the smaller one's by the calibration counts' coverage of the popular experts it holds."""
-        costs = WindowCosts(engine, self.draft.bytes_ratio, 10**6, self.host_path, self.dense_ratio)
+        costs = self.window_costs(10**6)
         g = self.governor
         g.prior_miss_s = costs.prior_miss_s()
         spec = min((g.forecast(k, costs) for k in g.choices if k), key=lambda f: f.per_token_s)
@@ -160,10 +167,14 @@ class Specter(SpeculativeDecoding):
         self.load_residents(engine, calibration)
 
     # ---- the governor ------------------------------------------------------------------------------
+    def window_costs(self, remaining: int) -> WindowCosts:
+        return WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path, self.dense_ratio,
+                           self.draft.kernel,
+                           self.dense.kernel if self.dense is not None else self.engine.precision.dense_kernel)
+
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
-        costs = WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path,
-                            self.dense_ratio)
+        costs = self.window_costs(remaining)
         if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are
             self.governor.prior_miss_s = costs.prior_miss_s()
             self.forecast = self.governor.forecast(min(self.k, remaining), costs)
@@ -196,11 +207,13 @@ class Specter(SpeculativeDecoding):
     def after_draft_step(self, step, routing, step_s):
         super().after_draft_step(step, routing, step_s)
         self.governor.observe_draft_step(step_s)
-        self.planner.after_step(routing, step_s)
+        if self.plan_on:
+            self.planner.after_step(routing, step_s)
 
     def before_verify(self):
         super().before_verify()
-        self.planner.issue(None)
+        if self.plan_on:
+            self.planner.issue(None)
 
     def before_layer(self, layer, experts, tokens_per_expert):
         super().before_layer(layer, experts, tokens_per_expert)
@@ -231,6 +244,9 @@ class Specter(SpeculativeDecoding):
     verify_layer = -1
 
     def choose_victim(self, candidates, needed):
+        if not self.plan_on:  # no lookahead: transient experts least recently used first, then the least popular
+            transient = [k for k in candidates if k not in self.residents]
+            return transient[0] if transient else max(candidates, key=lambda k: self.popularity.get(k, 0))
         predicted = self.window_draft
         unpredicted = [k for k in candidates if k[1] not in predicted.get(k[0], ())]
         transient = [k for k in unpredicted if k not in self.residents]
@@ -252,7 +268,8 @@ class Specter(SpeculativeDecoding):
         g = self.governor
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
                   "speculative_forecast_ms_per_token": self.spec_forecast_ms})
-        m.update({"k": self.k_option, "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
+        m.update({"k": self.k_option, "plan": "lookahead" if self.plan_on else "off",
+                  "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
                   "governor_miss_ms": round(g.miss_s() * 1e3, 4)})
         if self.predictions:
@@ -267,4 +284,20 @@ class Specter(SpeculativeDecoding):
         return m
 
 
-__all__ = ["Specter", "K_CHOICES", "parse_specter_k"]
+class SpecHost(Specter):
+    """The speculative ablation: Specter's draft, governor, residents and host execution of misses, without the
+    lookahead — no prefetch plan from the draft's routing and no draft-guided eviction. What Specter gains over it
+    is what its lookahead adds; what it gains over the non-speculative strategies is speculation itself."""
+
+    name = "spec-host"
+    version = "1"
+    description = ("speculative ablation: Specter's draft, governor, residents and host path for misses, without "
+                   "the lookahead prefetch plan")
+    plan_default = "off"
+
+    @classmethod
+    def option_names(cls):
+        return tuple(n for n in super().option_names() if n != "plan")
+
+
+__all__ = ["Specter", "SpecHost", "K_CHOICES", "parse_specter_k"]

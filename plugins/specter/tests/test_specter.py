@@ -105,9 +105,10 @@ def test_int4_g128_draft_is_charged_at_its_packed_size():
     engine = engine_for()
     strategy = SpecterArtifact(k=2)
     configure(engine, strategy, 0.6)
-    groups = sum(-(-w.numel() // 128) for pair in engine.store.weights.values() for w in pair)
+    groups = sum(w.shape[0] * -(-w.shape[1] // 128) for pair in engine.store.weights.values() for w in pair)
     n = sum(w.numel() for pair in engine.store.weights.values() for w in pair)
-    assert strategy.draft.nbytes == n // 2 + groups * 20 // 8  # nibbles + fp16 scale and 4-bit zero per 128
+    assert strategy.draft.nbytes == n // 2 + groups * 20 // 8  # nibbles + fp16 scale and 4-bit zero per group
+    # (groups of 128 along each row's input dimension, a shorter last one where a row is not a multiple: as stored)
     assert strategy.draft.nbytes == quantized_bytes(engine, strategy.spec)
     assert engine.cache.capacity_bytes == int(0.6 * engine.total_expert_bytes) - strategy.draft.nbytes
 

@@ -1,0 +1,533 @@
+"""``specterbench published``: the modeled clock held against published measurements.
+
+The published record (``published/record.toml``, shipped with the package) lists each measurement with its source,
+hardware profile, model, precision, budget, setting and value. For every end-to-end figure the command runs the
+strategy that stands for the published system (``lru`` for Mixtral-Offloading's released code, ``next-layer-gate``
+for mixtral-offloading's full algorithm, ``cpu-experts`` for Fiddler, ``specter-artifact`` for MoE-SpeQ,
+``on-demand`` for naive offloading) on the stand-in of that model family, priced at the real model's geometry,
+precision, profile and budget, and prints the modeled figure beside the published one with their ratio. Component
+figures (one expert's copy, one MoE layer on the host) are priced by the cost model alone. Then, for every two
+systems measured in one setting on one hardware, the published speed-up beside the modeled one.
+
+Nothing is fitted per row: every price comes from the profile files (each figure cited), every budget from the
+published cache size or from the device memory the profile states. Where the clock is faster than a published
+system, the gap is what that system pays and the clock does not model (see the README's "Checked against published
+measurements").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from specterbench.errors import UsageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specterbench.engine.precision import Precision
+
+RECORD = Path(__file__).resolve().parent / "published" / "record.toml"
+KINDS = ("tpot_ms", "tokens_per_s", "hit_rate", "component_ms")
+OPS = ("copy_experts", "host_experts")
+TIME_KINDS = ("tpot_ms", "tokens_per_s")
+#: a subset that runs in seconds (tests): the component figures and one mixtral-offloading pair
+QUICK_IDS = ("layerscope-expert-copy", "hostexpert-layer-fetch", "hostexpert-layer-cpu", "mo-t2-a100-full",
+             "mo-t2-a100-naive")
+#: the issue's targets
+COMPONENT_TOLERANCE = 0.25  # components within ±25%
+HIT_TOLERANCE = 0.08  # LRU hit rates within ±0.08 (absolute)
+PAIR_TOLERANCE = 0.35  # published speed-ups within ±35% ...
+PAIR_SHARE = 2 / 3  # ... in at least two thirds of the pairs, with the same winner in every pair
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One published figure and how the harness reproduces it."""
+
+    id: str
+    source: str
+    system: str
+    model: str
+    geometry: str
+    profile: str
+    kind: str
+    value: float
+    precision: "Precision"  # the target's stored precision
+    strategy: str | None = None
+    options: dict = field(default_factory=dict)
+    standin: str | None = None
+    host_profile: str | None = None
+    budget: dict = field(default_factory=dict)
+    setting: str | None = None
+    lengths: str = "not stated"
+    chart: bool = False
+    op: str | None = None
+    count: int = 1
+    threads: int | None = None
+
+    @property
+    def published_ms(self) -> float | None:
+        """The published time per token (or per component) in ms; None for a hit rate."""
+        if self.kind == "tokens_per_s":
+            return 1000.0 / self.value
+        return self.value if self.kind in ("tpot_ms", "component_ms") else None
+
+    @property
+    def published_text(self) -> str:
+        mark = " [chart]" if self.chart else ""
+        if self.kind == "tokens_per_s":
+            return f"{self.value:g} tok/s = {self.published_ms:.1f} ms{mark}"
+        if self.kind == "hit_rate":
+            return f"{self.value:.3f}{mark}"
+        return f"{self.value:g} ms{mark}"
+
+
+@dataclass(slots=True)
+class Outcome:
+    measurement: Measurement
+    modeled: float | None = None  # ms (time kinds, components) or a hit rate
+    budget_fraction: float | None = None
+    status: str = "ok"
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """modeled / published (for a hit rate: the difference modeled - published)."""
+        m = self.measurement
+        if self.modeled is None:
+            return None
+        if m.kind == "hit_rate":
+            return self.modeled - m.value
+        return self.modeled / m.published_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Pair:
+    setting: str
+    fast: Outcome  # the faster system as published
+    slow: Outcome
+
+    @property
+    def published(self) -> float:
+        return self.slow.measurement.published_ms / self.fast.measurement.published_ms
+
+    @property
+    def modeled(self) -> float | None:
+        a, b = self.fast.modeled, self.slow.modeled
+        return b / a if a and b else None
+
+    @property
+    def error(self) -> float | None:
+        return None if self.modeled is None else self.modeled / self.published - 1
+
+
+# ---- the record ---------------------------------------------------------------------------------------------------
+REQUIRED = ("id", "source", "system", "model", "geometry", "profile", "kind", "value", "precision")
+KNOWN = {f.name for f in dataclasses.fields(Measurement)}
+BUDGET_KEYS = {"slots_per_layer", "device_memory", "reserve_gib", "minus_draft_of", "plus_draft", "fraction"}
+
+
+def load_record(host, path: Path | str = RECORD) -> list[Measurement]:
+    """Every measurement of the record, each checked before anything runs: a missing or unknown field, an unknown
+    model, profile, strategy or geometry, a bad precision or budget is one UsageError line naming the row."""
+    import tomllib
+
+    from specterbench.engine.geometry import geometry_preset
+    from specterbench.engine.precision import Precision
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--record {path}: no such file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"--record {path}: malformed ({str(err).splitlines()[0]})") from None
+    rows = data.get("measurement")
+    if not isinstance(rows, list) or not rows:
+        raise UsageError(f"--record {path}: no [[measurement]] entries")
+    out, seen = [], set()
+    for i, row in enumerate(rows):
+        where = f"published record {path.name}: measurement {row.get('id', f'#{i + 1}')!r}"
+        try:
+            m = _measurement(row, Precision)
+            if m.id in seen:
+                raise UsageError("duplicate id")
+            seen.add(m.id)
+            geometry_preset(m.geometry)
+            host.profiles().entry(m.profile)
+            if m.host_profile is not None:
+                host.host_profiles().entry(m.host_profile)
+            if m.kind == "component_ms":
+                if m.op not in OPS:
+                    raise UsageError(f"op {m.op!r} is not one of {', '.join(OPS)}")
+                if m.op == "host_experts" and m.host_profile is None:
+                    raise UsageError("op host_experts needs a host_profile")
+            else:
+                if m.standin is None or m.strategy is None:
+                    raise UsageError("a decode measurement needs a standin model and a strategy")
+                host.models().entry(m.standin)
+                cls = host.strategies().get(m.strategy)
+                if hasattr(cls, "validate_options"):
+                    cls.validate_options(dict(m.options))
+                _check_budget(m, host)
+        except UsageError as err:
+            raise UsageError(f"{where}: {err}") from None
+        out.append(m)
+    return out
+
+
+def _measurement(row: dict, Precision) -> Measurement:
+    if not isinstance(row, dict):
+        raise UsageError("is not a table")
+    missing = [k for k in REQUIRED if k not in row]
+    if missing:
+        raise UsageError(f"missing field(s) {', '.join(missing)}")
+    unknown = sorted(set(row) - KNOWN)
+    if unknown:
+        raise UsageError(f"unknown field(s) {', '.join(unknown)}")
+    kind = row["kind"]
+    if kind not in KINDS:
+        raise UsageError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
+    value = row["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise UsageError(f"value must be a finite positive number, got {value!r}")
+    if kind == "hit_rate" and value > 1:
+        raise UsageError(f"a hit rate is at most 1, got {value!r}")
+    p = row["precision"]
+    if not isinstance(p, dict) or set(p) - {"expert_bits", "dense_bits", "quantizer", "group"}:
+        raise UsageError(f"precision must be a table of expert_bits, dense_bits, quantizer, group; got {p!r}")
+    precision = Precision.parse(p.get("expert_bits", 16), p.get("dense_bits", 16), p.get("quantizer", "int"),
+                                p.get("group", 128))
+    count = row.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise UsageError(f"count must be a positive integer, got {count!r}")
+    return Measurement(**{**row, "value": float(value), "precision": precision,
+                          "options": dict(row.get("options", {})), "budget": dict(row.get("budget", {}))})
+
+
+def _check_budget(m: Measurement, host) -> None:
+    b = m.budget
+    unknown = sorted(set(b) - BUDGET_KEYS)
+    if unknown:
+        raise UsageError(f"budget has unknown key(s) {', '.join(unknown)}")
+    kinds = [k for k in ("slots_per_layer", "device_memory", "fraction") if k in b]
+    if len(kinds) != 1:
+        raise UsageError("budget needs exactly one of slots_per_layer, device_memory, fraction")
+    if "slots_per_layer" in b and not (isinstance(b["slots_per_layer"], int) and b["slots_per_layer"] > 0):
+        raise UsageError(f"slots_per_layer must be a positive integer, got {b['slots_per_layer']!r}")
+    if "fraction" in b and not (isinstance(b["fraction"], (int, float)) and 0 < b["fraction"] <= 1):
+        raise UsageError(f"budget fraction must be in (0, 1], got {b['fraction']!r}")
+    reserve = b.get("reserve_gib", 0.0)
+    if not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
+        raise UsageError(f"reserve_gib must be a finite number >= 0, got {reserve!r}")
+    if "minus_draft_of" in b:
+        host.strategies().entry(b["minus_draft_of"])
+
+
+# ---- pricing ------------------------------------------------------------------------------------------------------
+def _priced(m: Measurement):
+    from specterbench.engine.geometry import geometry_preset
+    from specterbench.engine.precision import priced_geometry
+
+    return priced_geometry(geometry_preset(m.geometry), m.precision)
+
+
+def price_component(host, m: Measurement) -> float:
+    """A component figure in ms, from the cost model alone: ``count`` expert copies one after another on an idle
+    link, or ``count`` experts of one token on an idle host (activations down and back included)."""
+    from specterbench.engine.costs import CostModel
+
+    profile = host.profiles().get(m.profile)
+    hp = host.host_profiles().get(m.host_profile) if m.host_profile else None
+    costs = CostModel(profile, _priced(m), hp)
+    if m.op == "copy_experts":
+        return 1e3 * m.count * costs.copy_seconds(costs.expert_copy_bytes)
+    return 1e3 * m.count * costs.host_expert_seconds(1, m.threads or hp.threads)
+
+
+def dense_bytes(geometry, precision) -> float:
+    """Device bytes of everything but the routed experts at ``geometry`` (a projection's real model): attention,
+    shared and dense MLPs and the head at the target's dense bits, the embedding and the routers at 16 bits."""
+    from specterbench.engine.draft import dense_params
+
+    g = geometry
+    spec = precision.dense_spec
+    per_weight = g.dtype_bytes if spec is None else spec.bits_per_weight() / 8
+    routers = g.layer_scale * g.moe_layers * g.hidden * g.num_experts
+    return dense_params(g) * per_weight + (g.vocab * g.hidden + routers) * g.dtype_bytes
+
+
+def draft_bytes(host, engine, strategy: str, options: dict) -> int:
+    """What ``strategy`` keeps on the device besides its cache (its draft), in the engine's byte units."""
+    return int(host.strategies().get(strategy)(**options).device_bytes(engine))
+
+
+def budget_bytes(host, engine, m: Measurement) -> tuple[int, str]:
+    """The measurement's budget in the engine's bytes, and how it was derived (printed beside the row)."""
+    b, total = m.budget, engine.total_expert_bytes
+    if "slots_per_layer" in b:
+        from specterbench.engine.geometry import geometry_preset
+
+        real_e = geometry_preset(m.geometry).num_experts
+        n = b["slots_per_layer"]
+        nbytes = int(round(n * engine.num_experts / real_e)) * engine.num_layers * engine.expert_bytes
+        how = f"{n} of {real_e} experts per layer"
+    elif "fraction" in b:
+        nbytes, how = int(b["fraction"] * total), f"{b['fraction']:.0%} of expert bytes"
+    else:  # the real model's sizes (a projection may stand fewer experts for more: Phi's 16 by tiny-mixtral's 8)
+        real = _priced(m)
+        profile = host.profiles().get(m.profile)
+        dense = dense_bytes(real, m.precision)
+        free = profile.device_memory_bytes - dense - b.get("reserve_gib", 0.0) * 2**30
+        fraction = max(0.0, min(1.0, free / real.all_expert_bytes))
+        nbytes = int(fraction * total)
+        how = (f"{profile.device_memory_bytes / 2**30:.0f} GiB - dense {dense / 1e9:.1f} GB - "
+               f"{b.get('reserve_gib', 0.0):g} GiB reserve, of {real.all_expert_bytes / 1e9:.1f} GB of experts")
+    if "minus_draft_of" in b:
+        nbytes -= draft_bytes(host, engine, b["minus_draft_of"], {})
+        how += f" - {b['minus_draft_of']}'s draft"
+    if b.get("plus_draft"):
+        nbytes += draft_bytes(host, engine, m.strategy, m.options)
+        how += " + its draft"
+    return max(0, min(nbytes, total)), how
+
+
+# ---- running ------------------------------------------------------------------------------------------------------
+def run_record(host, measurements: list[Measurement], *, prompts: int, tokens: int, out: Path,
+               progress=None) -> list[Outcome]:
+    """Price the components and run every decode measurement (grouped by stand-in, geometry and precision: one
+    engine and one reference per group); rows go to ``out/rows.jsonl``."""
+    outcomes = {m.id: Outcome(m) for m in measurements}
+    for m in measurements:
+        if m.kind == "component_ms":
+            outcomes[m.id].modeled = price_component(host, m)
+    groups: dict[tuple, list[Measurement]] = {}
+    for m in measurements:
+        if m.kind != "component_ms":
+            groups.setdefault((m.standin, m.geometry, m.precision), []).append(m)
+    for (standin, geometry, precision), rows in groups.items():
+        if progress:
+            progress(f"published · {standin} @ {geometry} · {precision.label()} · {len(rows)} measurement(s)")
+        _run_group(host, standin, geometry, precision, rows, outcomes, prompts, tokens, out, progress)
+    return [outcomes[m.id] for m in measurements]
+
+
+def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, tokens, out, progress) -> None:
+    from specterbench.bench.budget import Budget
+    from specterbench.bench.checks import check_context
+    from specterbench.bench.runner import BenchConfig, Runner, encode_prompts, load_prompts
+    from specterbench.bench.validate import mean_tpot_ms
+    from specterbench.engine.profiles import DEFAULT_HOST_PROFILE
+
+    first = rows[0]
+    base = BenchConfig(models=(standin,), strategies=tuple(dict.fromkeys(m.strategy for m in rows)),
+                       budgets=(Budget("100%", fraction=1.0),), profile=first.profile,
+                       host_profile=first.host_profile or DEFAULT_HOST_PROFILE, geometry=geometry, prompts=prompts,
+                       tokens=tokens, precision=precision)
+    base.validate(host)
+    runner = Runner(host, base, Path(out))
+    engine = runner.load_engine(standin)
+    texts = load_prompts(base.workload, base.prompts)
+    encoded = encode_prompts(engine, texts, base.max_prompt_tokens)
+    check_context(engine, encoded, base.tokens)
+    reference = runner.record_reference(engine, encoded)
+    calibration = None
+    for m in rows:
+        o = outcomes[m.id]
+        cls = host.strategies().get(m.strategy)
+        runner.config = dataclasses.replace(base, profile=m.profile,
+                                            host_profile=m.host_profile or DEFAULT_HOST_PROFILE,
+                                            strategy_options={m.strategy: dict(m.options)} if m.options else {})
+        nbytes, how = budget_bytes(host, engine, m)
+        o.note = how
+        o.budget_fraction = nbytes / engine.total_expert_bytes
+        if cls.uses_calibration and calibration is None:
+            calibration = runner.calibrate(engine)
+        if progress:
+            progress(f"published · {m.id}: {m.strategy} @ {o.budget_fraction:.1%} on {m.profile}")
+        row = runner.run_cell(engine, f"published|{m.id}|{precision.label()}", m.strategy, cls,
+                              Budget(f"{nbytes}B", nbytes=nbytes), 0, encoded, reference, calibration)
+        row.extra["published"] = {"id": m.id, "source": m.source, "value": m.value, "kind": m.kind}
+        runner.writer.append(row)
+        if row.status != "ok":
+            o.status = f"{row.status}: {row.error}"
+            continue
+        o.modeled = row.hit_rate if m.kind == "hit_rate" else mean_tpot_ms(row, "tpot_ms")
+
+
+def pairs_of(outcomes: list[Outcome]) -> list[Pair]:
+    """Every two end-to-end time measurements of one setting (same source, hardware, model and budget scheme)."""
+    by_setting: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        if o.measurement.kind in TIME_KINDS and o.measurement.setting:
+            by_setting.setdefault(o.measurement.setting, []).append(o)
+    out = []
+    for setting, group in by_setting.items():
+        for a, b in itertools.combinations(group, 2):
+            fast, slow = (a, b) if a.measurement.published_ms <= b.measurement.published_ms else (b, a)
+            out.append(Pair(setting, fast, slow))
+    return out
+
+
+# ---- report -------------------------------------------------------------------------------------------------------
+def _f(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def summary(outcomes: list[Outcome]) -> dict:
+    """The issue's targets, measured: components, LRU hit rates at MoE-SpeQ Table 3's slots, pairwise speed-ups,
+    and the geometric-mean ratio of the end-to-end times."""
+    comps = [o for o in outcomes if o.measurement.kind == "component_ms" and o.ratio is not None]
+    lru = [o for o in outcomes if o.measurement.kind == "hit_rate" and o.measurement.strategy == "lru"
+           and o.ratio is not None]
+    times = [o for o in outcomes if o.measurement.kind in TIME_KINDS and o.ratio is not None]
+    pairs = [p for p in pairs_of(outcomes) if p.modeled is not None]
+    within = [p for p in pairs if abs(p.error) <= PAIR_TOLERANCE]
+    return {
+        "components_within": sum(abs(o.ratio - 1) <= COMPONENT_TOLERANCE for o in comps), "components": len(comps),
+        "lru_hits_within": sum(abs(o.ratio) <= HIT_TOLERANCE for o in lru), "lru_hits": len(lru),
+        "pairs_within": len(within), "pairs": len(pairs),
+        "pairs_same_winner": sum(p.modeled > 1 for p in pairs),
+        "geomean_ratio": math.exp(statistics.fmean(math.log(o.ratio) for o in times)) if times else None,
+        "time_rows": len(times),
+    }
+
+
+def render(outcomes: list[Outcome]) -> str:
+    lines = ["## Published measurements, modeled beside published", "",
+             "ratio = modeled / published (hit rates: modeled - published); budget = share of the stored expert "
+             "bytes of the stand-in, and how it was derived", "",
+             "| id | system → strategy | model (stand-in @ geometry, precision) | profile | budget | published | "
+             "modeled | ratio | status |", "|---|---|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        m = o.measurement
+        who = m.system if m.strategy is None else f"{m.system} → `{m.strategy}`"
+        model = (f"{m.model} ({m.precision.label()})" if m.standin is None else
+                 f"{m.model} ({m.standin} @ {m.geometry}, {m.precision.label()})")
+        prof = m.profile + (f" + {m.host_profile}" if m.host_profile and m.kind != "hit_rate" else "")
+        budget = "-" if o.budget_fraction is None else f"{o.budget_fraction:.1%} ({o.note})"
+        if m.kind == "hit_rate":
+            modeled, ratio = _f(o.modeled, ".3f"), _f(o.ratio, "+.3f")
+        else:
+            modeled, ratio = _f(o.modeled, ".1f") + (" ms" if o.modeled is not None else ""), _f(o.ratio, ".2f")
+        lines.append(f"| {m.id} | {who} | {model} | {prof} | {budget} | {m.published_text} | {modeled} | {ratio} | "
+                     f"{o.status} |")
+    pairs = pairs_of(outcomes)
+    if pairs:
+        lines += ["", "## Same hardware, pairwise speed-ups (slower / faster as published)", "",
+                  "| setting | faster → slower (published) | published | modeled | error | same winner |",
+                  "|---|---|---|---|---|---|"]
+        for p in pairs:
+            same = "-" if p.modeled is None else ("yes" if p.modeled > 1 else "**no**")
+            lines.append(f"| {p.setting} | {p.fast.measurement.system} → {p.slow.measurement.system} | "
+                         f"{p.published:.2f}x | {_f(p.modeled, '.2f')}x | {_f(p.error, '+.0%')} | {same} |")
+    s = summary(outcomes)
+    lines += ["", "## Targets", "",
+              f"- components within ±{COMPONENT_TOLERANCE:.0%}: {s['components_within']} of {s['components']}",
+              f"- LRU hit rates within ±{HIT_TOLERANCE}: {s['lru_hits_within']} of {s['lru_hits']}",
+              f"- pairwise speed-ups within ±{PAIR_TOLERANCE:.0%}: {s['pairs_within']} of {s['pairs']} "
+              f"(target: at least {PAIR_SHARE:.0%}); same winner: {s['pairs_same_winner']} of {s['pairs']}",
+              f"- end-to-end times: geometric-mean ratio modeled / published {_f(s['geomean_ratio'], '.2f')} over "
+              f"{s['time_rows']} measurement(s)"]
+    return "\n".join(lines) + "\n"
+
+
+def to_json(outcomes: list[Outcome]) -> dict:
+    rows = []
+    for o in outcomes:
+        m = o.measurement
+        rows.append({"id": m.id, "source": m.source, "system": m.system, "strategy": m.strategy,
+                     "options": m.options, "model": m.model, "standin": m.standin, "geometry": m.geometry,
+                     "precision": m.precision.label(), "profile": m.profile, "host_profile": m.host_profile,
+                     "kind": m.kind, "published": m.value, "published_ms": m.published_ms, "chart": m.chart,
+                     "modeled": o.modeled, "ratio": o.ratio, "budget_fraction": o.budget_fraction,
+                     "budget": o.note, "status": o.status})
+    pairs = [{"setting": p.setting, "faster": p.fast.measurement.id, "slower": p.slow.measurement.id,
+              "published": p.published, "modeled": p.modeled, "error": p.error} for p in pairs_of(outcomes)]
+    return {"measurements": rows, "pairs": pairs, "summary": summary(outcomes)}
+
+
+# ---- command line -------------------------------------------------------------------------------------------------
+def add_published_parser(sub) -> None:
+    s = sub.add_parser("published", help="hold the modeled clock against published measurements (MoE-SpeQ, "
+                       "mixtral-offloading, Fiddler, component figures)")
+    s.add_argument("--record", default=str(RECORD), help="the published record (TOML; default: the shipped one)")
+    s.add_argument("--ids", default="", help="comma-separated measurement ids (default: all)")
+    s.add_argument("--quick", action="store_true", help=f"a subset in seconds ({', '.join(QUICK_IDS)}), 1 prompt "
+                   "x 8 tokens")
+    s.add_argument("--prompts", type=int, default=4, help="benchmark prompts per decode measurement (default 4)")
+    s.add_argument("--tokens", type=int, default=32, help="new tokens per prompt (default 32)")
+    s.add_argument("--out", default=None, help="folder for rows.jsonl, published.md and published.json "
+                   "(default results/published-<time>)")
+    s.add_argument("--list", action="store_true", help="list the record's measurements and exit")
+    s.add_argument("--quiet", action="store_true")
+    s.set_defaults(func=cmd_published)
+
+
+def cmd_published(args) -> int:
+    from specterbench.plugins.host import get_host
+
+    host = get_host()
+    measurements = load_record(host, args.record)
+    ids = [i.strip() for i in args.ids.split(",") if i.strip()] or (list(QUICK_IDS) if args.quick else [])
+    if ids:
+        known = {m.id for m in measurements}
+        unknown = [i for i in ids if i not in known]
+        if unknown:
+            raise UsageError(f"--ids: unknown measurement(s) {', '.join(unknown)}; see specterbench published --list")
+        measurements = [m for m in measurements if m.id in ids]
+    if args.list:
+        for m in measurements:
+            print(f"{m.id:26} {m.kind:13} {m.published_text:22} {m.system} — {m.source}")
+        return 0
+    prompts, tokens = (1, 8) if args.quick else (args.prompts, args.tokens)
+    if prompts <= 0 or tokens <= 1:
+        raise UsageError("--prompts must be positive and --tokens at least 2 (TPOT needs a decode token)")
+    out = Path(args.out or f"results/published-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (out / "rows.jsonl").exists():
+        raise UsageError(f"--out {out} already holds rows.jsonl; pass another --out or remove it")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot write --out {out} ({err.strerror or err})") from None
+    progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
+    started = time.perf_counter()
+    outcomes = run_record(host, measurements, prompts=prompts, tokens=tokens, out=out, progress=progress)
+    text = render(outcomes) + (f"\n{prompts} prompt(s) x {tokens} tokens per decode measurement; "
+                               f"{time.perf_counter() - started:.0f} s on this machine\n")
+    try:
+        (out / "published.md").write_text(text, encoding="utf-8")
+        (out / "published.json").write_text(json.dumps(to_json(outcomes), indent=2), encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot write the results to {out} ({err.strerror or err})") from None
+    print(text, end="")
+    print(f"written: {out / 'published.md'}, {out / 'published.json'}, {out / 'rows.jsonl'}")
+    failed = [o for o in outcomes if o.status != "ok"]
+    if failed:
+        print(f"specterbench: {len(failed)} measurement(s) failed: " +
+              "; ".join(f"{o.measurement.id}: {o.status}" for o in failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    """``python -m specterbench.bench.published …`` (the same as ``specterbench published …``)."""
+    from specterbench.cli import subcommand_main
+
+    return subcommand_main("published", add_published_parser, argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
+
+
+__all__ = ["Measurement", "Outcome", "Pair", "QUICK_IDS", "RECORD", "load_record", "pairs_of", "price_component",
+           "render", "run_record", "summary"]

@@ -1,0 +1,309 @@
+"""Packed low-bit weights: the codes and scales a draft really keeps, and the kernels that compute from them.
+
+A :class:`PackedWeight` is one 2-D weight ``[R, C]`` quantized with a :class:`~specterbench.engine.draft.QuantSpec`
+and stored as what its spec charges — packed codes plus per-group metadata, never a 16-bit copy:
+
+- ``int``: codes packed at ``bits`` bits (8 values in ``bits`` bytes), an fp16 scale and a ``bits``-bit zero point
+  per group of ``blocksize`` along the input dimension; value = ``(q - zero) · scale``;
+- ``hqq``: the same packing, fp16 scale and fp16 (fractional) zero per group;
+- ``bnb``: bitsandbytes' own packed nf4/fp4 nibbles or 8-bit codes with an fp32 absmax per block (one shared code
+  table per format and device).
+
+Computing ``x @ W.T`` (:meth:`PackedWeight.linear`) takes the low-bit kernel that exists for the format:
+
+- ``int4`` with a group of 32–256: torch's int4 weight-only matmul (``aten._weight_int4pack_mm_for_cpu`` on the CPU,
+  ``aten._weight_int4pack_mm`` on CUDA) on the kernel's own nibble layout; its per-group ``(scale, zero)`` table is
+  written into the caller's scratch per call from the stored fp16 scale and ``bits``-bit zero;
+- bitsandbytes 4-bit on CUDA: ``bnb.matmul_4bit`` (gemv on packed nibbles);
+- everything else: the weight is dequantized, a block of rows at a time, into the caller's reused scratch buffer and
+  multiplied there — no allocation per call that outlives it.
+
+:func:`kernel_name` says which one a weight runs, so the cost model prices that one. Storage sizes are
+:meth:`PackedWeight.nbytes`: ``untyped_storage().nbytes()`` of every tensor held.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+INT4_GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 weight-only kernels take
+INT4_INNER_K_TILES = 2
+
+
+def storage_bytes(t: torch.Tensor | None) -> int:
+    """Bytes of the storage behind ``t`` (what it really allocates, not its view's size)."""
+    return 0 if t is None else t.untyped_storage().nbytes()
+
+
+# ---- bit packing -----------------------------------------------------------------------------------
+def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """Values ``0 ≤ q < 2**bits`` (uint8, any shape) packed 8 to ``bits`` bytes (little-endian bit order); uint8."""
+    flat = q.reshape(-1).to(torch.uint8)
+    if bits == 8:
+        return flat.clone()
+    pad = (-flat.numel()) % 8
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    v = flat.view(-1, 8).to(torch.int32)  # [M, 8]
+    word = torch.zeros(v.shape[0], dtype=torch.int32, device=q.device)
+    for j in range(8):
+        word |= v[:, j] << (bits * j)  # 8·bits ≤ 24 bits: fits an int32
+    return torch.stack([((word >> (8 * i)) & 0xFF).to(torch.uint8) for i in range(bits)], 1).reshape(-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _unpack_tables(bits: int, device: str) -> torch.Tensor:
+    """``T[i, byte, j]``: the bits of value ``j`` (of 8) that byte ``i`` of a packed word holds, in place — so a
+    word's values are ``Σ_i T[i, byte_i]``: ``bits`` gathers and adds instead of shifts per value. uint8
+    [bits, 256, 8]."""
+    t = torch.zeros(bits, 256, 8, dtype=torch.uint8)
+    byte = torch.arange(256)
+    for i in range(bits):
+        for j in range(8):
+            for bit in range(bits):
+                pos = bits * j + bit  # the word's bit holding this value's bit
+                if pos // 8 == i:
+                    t[i, :, j] |= (((byte >> (pos % 8)) & 1) << bit).to(torch.uint8)
+    return t.to(device)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """The first ``n`` values packed by :func:`pack_bits`, as uint8 [n]."""
+    if bits == 8:
+        return packed[:n]
+    b = packed.view(-1, bits).long()  # [M, bits] byte indices
+    t = _unpack_tables(bits, str(packed.device))
+    out = t[0][b[:, 0]]  # [M, 8]
+    for i in range(1, bits):
+        out += t[i][b[:, i]]
+    return out.reshape(-1)[:n]
+
+
+def unpack_table_bytes(bits: int) -> int:
+    return 0 if bits == 8 else bits * 256 * 8
+
+
+def packed_bytes(n: int, bits: int) -> int:
+    """Bytes :func:`pack_bits` uses for ``n`` values."""
+    return n if bits == 8 else -(-n // 8) * bits
+
+
+# ---- the int4 kernel -------------------------------------------------------------------------------
+def _int4_layout(codes: torch.Tensor) -> torch.Tensor:
+    """Codes uint8 [N, K] in the int4 kernel's layout for their device (CPU: from int32; CUDA: from nibbles)."""
+    if codes.device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), INT4_INNER_K_TILES)
+    nibbles = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()  # pragma: no cover - needs CUDA
+    return torch.ops.aten._convert_weight_to_int4pack(nibbles, INT4_INNER_K_TILES)  # pragma: no cover
+
+
+def _int4_mm(x: torch.Tensor, layout: torch.Tensor, group: int, scale_zero: torch.Tensor) -> torch.Tensor:
+    if x.device.type == "cpu":
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, layout, group, scale_zero)
+    return torch.ops.aten._weight_int4pack_mm(x, layout, group, scale_zero)  # pragma: no cover - needs CUDA
+
+
+@functools.lru_cache(maxsize=None)
+def int4_kernel_works(device: str, dtype: torch.dtype) -> bool:
+    """Whether torch's int4 weight-only matmul runs on ``device`` for ``dtype`` and matches dequantization: a probe
+    once per (device, dtype); False where the op is missing or refuses (e.g. CUDA before sm80, fp32 on CUDA)."""
+    try:
+        gen = torch.Generator().manual_seed(0)
+        n, k, g = 64, 256, 64
+        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8).to(device)
+        scale = (torch.rand(n, k // g, generator=gen) + 0.5).to(device)
+        zero = torch.randint(0, 16, (n, k // g), generator=gen).float().to(device)
+        x = torch.randn(3, k, generator=gen).to(device, dtype)
+        table = torch.stack([scale.t(), ((8 - zero) * scale).t()], -1).to(dtype).contiguous()  # [G, N, 2]
+        y = _int4_mm(x, _int4_layout(codes), g, table)
+        w = ((codes.float().view(n, -1, g) - zero[..., None]) * scale[..., None]).view(n, k)
+        want = x.float() @ w.t()
+        return bool(torch.allclose(y.float(), want, rtol=0.05, atol=0.05 * float(want.abs().mean())))
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
+# ---- one packed weight -----------------------------------------------------------------------------
+_BNB_CODES: dict = {}  # (quant type, device) -> the one code table every bitsandbytes state of that kind shares
+
+
+class PackedWeight:
+    """One weight ``[R, C]`` as packed codes plus per-group metadata (see the module docstring).
+
+    ``kernel``: ``int4mm`` | ``bnb-gemv`` | ``dequant`` — what :meth:`linear` runs. ``scratch_elems(rows)``: the
+    scratch elements :meth:`linear` needs when it may dequantize ``rows`` rows at a time.
+    """
+
+    __slots__ = ("shape", "spec", "group", "codes", "scale", "zero", "state", "kernel")
+
+    def __init__(self, w: torch.Tensor, spec, compute_dtype: torch.dtype, kernels: bool = True):
+        self.shape = tuple(w.shape)
+        self.spec = spec
+        self.codes = self.scale = self.zero = self.state = None
+        rows, cols = self.shape
+        self.group = spec.blocksize if cols % spec.blocksize == 0 else cols  # a row shorter than a group: one
+        if spec.quantizer == "bnb":
+            self._quantize_bnb(w)
+        elif spec.quantizer == "int":
+            self._quantize_int(w.float())
+        else:
+            self._quantize_hqq(w.float())
+        self.kernel = "dequant"
+        if not kernels:
+            pass
+        elif (spec.quantizer == "int" and spec.bits == 4 and self.group in INT4_GROUPS and rows % 16 == 0
+                and cols % (16 * INT4_INNER_K_TILES) == 0 and int4_kernel_works(str(w.device), compute_dtype)):
+            self.codes = _int4_layout(self._codes_2d())
+            self.kernel = "int4mm"
+        elif spec.quantizer == "bnb" and spec.bits == 4 and w.device.type == "cuda":  # pragma: no cover - CUDA
+            self.kernel = "bnb-gemv"
+
+    # ---- quantizing ------------------------------------------------------------------------------
+    def _quantize_int(self, w: torch.Tensor) -> None:
+        rows, cols = self.shape
+        g, bits = self.group, self.spec.bits
+        x = w.reshape(rows, cols // g, g)  # [R, G, g]
+        qmax = (1 << bits) - 1
+        lo, hi = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+        scale = ((hi - lo) / qmax).clamp_min(1e-8).half()  # stored fp16
+        s = scale.float()
+        zero = (-lo / s).round().clamp(0, qmax)
+        q = (x / s + zero).round().clamp(0, qmax)
+        self.codes = pack_bits(q.to(torch.uint8), bits)
+        self.scale = scale.reshape(rows, cols // g)  # [R, G] fp16
+        self.zero = pack_bits(zero.to(torch.uint8), bits)  # R·G values at ``bits`` bits
+
+    def _quantize_hqq(self, w: torch.Tensor) -> None:
+        from specterbench.errors import UsageError
+
+        try:
+            from hqq.core.quantize import Quantizer
+        except ImportError:
+            raise UsageError("quantizer 'hqq' needs the hqq package: pip install --no-deps hqq termcolor") from None
+        rows, cols = self.shape
+        wq, meta = Quantizer.quantize(w, nbits=self.spec.bits, group_size=self.group, optimize=True, axis=1,
+                                      bitpack=False, device=str(w.device), compute_dtype=torch.float32)
+        self.codes = pack_bits(wq.reshape(-1).to(torch.uint8), self.spec.bits)
+        self.scale = meta["scale"].reshape(rows, cols // self.group).half()
+        self.zero = meta["zero"].reshape(rows, cols // self.group).half()
+
+    def _quantize_bnb(self, w: torch.Tensor) -> None:
+        import bitsandbytes.functional as bnbf
+
+        if self.spec.bits == 4:
+            packed, state = bnbf.quantize_4bit(w.contiguous(), blocksize=self.spec.blocksize,
+                                               quant_type=self.spec.quant_type, compress_statistics=False)
+        else:
+            packed, state = bnbf.quantize_blockwise(w.contiguous(), blocksize=self.spec.blocksize)
+        key = (self.spec.bits, self.spec.quant_type, str(state.code.device))
+        state.code = _BNB_CODES.setdefault(key, state.code)  # one table per format, not one per weight
+        self.codes, self.state = packed, state
+
+    # ---- sizes -----------------------------------------------------------------------------------
+    def nbytes(self) -> int:
+        """Storage bytes of every tensor held (a shared bitsandbytes code table is not counted per weight)."""
+        held = storage_bytes(self.codes) + storage_bytes(self.scale) + storage_bytes(self.zero)
+        if self.state is not None:
+            held += storage_bytes(self.state.absmax)
+        return held
+
+    def scratch_elems(self, rows: int | None = None) -> int:
+        """Scratch elements :meth:`linear` needs: the int4 kernel's (scale, zero) table, or ``rows`` dequantized
+        rows (all of them by default)."""
+        r, c = self.shape
+        if self.kernel == "int4mm":
+            return 2 * r * (c // self.group)
+        if self.kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
+            return 0
+        return min(r, rows or r) * c
+
+    # ---- values ----------------------------------------------------------------------------------
+    def _codes_2d(self) -> torch.Tensor:
+        r, c = self.shape
+        return unpack_bits(self.codes, self.spec.bits, r * c).view(r, c)
+
+    def _zero(self) -> torch.Tensor:  # [R, G]: uint8 (int), fp16 (hqq)
+        r, c = self.shape
+        if self.spec.quantizer == "hqq":
+            return self.zero
+        return unpack_bits(self.zero, self.spec.bits, r * (c // self.group)).view(r, -1)
+
+    def dequantize_rows(self, start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+        """Rows ``start:stop`` dequantized into ``out`` (a contiguous [stop - start, C] buffer); returns ``out``.
+        The arithmetic is the quantizer's own: ``(q - zero) · scale`` in fp32 per group, then ``out``'s dtype."""
+        r, c = self.shape
+        n = stop - start
+        if self.spec.quantizer == "bnb":
+            full = self.dequantize(out.dtype)
+            return out.copy_(full[start:stop])
+        g, bits = self.group, self.spec.bits
+        if self.kernel == "int4mm":  # the kernel's layout holds the codes: read them back through the kernel
+            return out.copy_(self._int4_weight(out.dtype)[start:stop])
+        if bits == 8:
+            codes = self.codes[start * c:stop * c].view(n, c)
+        elif (start * c) % 8 == 0:  # whole 8-value words (C is a multiple of 8 in every model)
+            lo, hi = start * c, stop * c
+            codes = unpack_bits(self.codes[lo // 8 * bits:-(-hi // 8) * bits], bits, n * c).view(n, c)
+        else:
+            codes = self._codes_2d()[start:stop]
+        o = out.view(n, c // g, g)  # in place: no temporary the size of the weight beyond the codes
+        o.copy_(codes.view(n, c // g, g))
+        o.sub_(self._zero()[start:stop].unsqueeze(-1))  # q - zero: exact (integers below 256)
+        o.mul_(self.scale[start:stop].unsqueeze(-1))  # times the fp16 scale, computed in fp32, rounded once
+        return out
+
+    def _int4_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """The dequantized weight [R, C] read back through the int4 kernel: identity rows times ``W.T``, a block
+        of input columns at a time (exact: one nonzero term per output)."""
+        r, c = self.shape
+        dev = self.codes.device
+        kdtype = dtype if int4_kernel_works(str(dev), dtype) else torch.bfloat16
+        table = torch.empty(2 * r * (c // self.group), dtype=kdtype, device=dev)
+        out = torch.empty(r, c, dtype=dtype, device=dev)
+        for lo in range(0, c, 256):
+            hi = min(c, lo + 256)
+            eye = torch.zeros(hi - lo, c, dtype=kdtype, device=dev)
+            eye[:, lo:hi] = torch.eye(hi - lo, dtype=kdtype, device=dev)
+            out[:, lo:hi] = self.linear(eye, table).t()  # [hi - lo, R] -> columns lo:hi of W
+        return out
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The whole weight dequantized into a new tensor (for substitutes and tests, not the hot path)."""
+        if self.spec.quantizer == "bnb":
+            import bitsandbytes.functional as bnbf
+
+            w = (bnbf.dequantize_4bit(self.codes, self.state) if self.spec.bits == 4
+                 else bnbf.dequantize_blockwise(self.codes, self.state))
+            return w.to(dtype)
+        out = torch.empty(self.shape, dtype=dtype, device=self.scale.device)
+        return self.dequantize_rows(0, self.shape[0], out)
+
+    # ---- compute ---------------------------------------------------------------------------------
+    def linear(self, x: torch.Tensor, scratch: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``x @ W.T (+ bias)`` for ``x`` [T, C]; ``scratch``: a flat buffer of ``x``'s dtype with at least
+        :meth:`scratch_elems` elements (its size decides how many rows are dequantized at a time)."""
+        r, c = self.shape
+        if self.kernel == "int4mm":
+            table = scratch[:2 * r * (c // self.group)].view(c // self.group, r, 2)  # [G, N, 2]
+            s = self.scale.t()  # [G, N]
+            table[..., 0].copy_(s)
+            table[..., 1].copy_((8 - self._zero().t().float()) * s.float())
+            y = _int4_mm(x.contiguous(), self.codes, self.group, table)
+            return y if bias is None else y + bias
+        if self.kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
+            import bitsandbytes as bnb
+
+            y = bnb.matmul_4bit(x, self.codes.t(), quant_state=self.state)
+            return y if bias is None else y + bias
+        step = max(1, min(r, scratch.numel() // c))
+        if step >= r:
+            return F.linear(x, self.dequantize_rows(0, r, scratch[:r * c].view(r, c)), bias)
+        out = torch.empty(*x.shape[:-1], r, dtype=x.dtype, device=x.device)
+        for start in range(0, r, step):
+            stop = min(r, start + step)
+            w = self.dequantize_rows(start, stop, scratch[:(stop - start) * c].view(stop - start, c))
+            out[..., start:stop] = F.linear(x, w, None if bias is None else bias[start:stop])
+        return out

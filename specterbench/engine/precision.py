@@ -1,0 +1,191 @@
+"""The target's precision: its routed experts (and optionally its dense part) quantized as users run them.
+
+Most users of a 24 GB card run an MoE model with quantized experts (HQQ 2-3 bit in mixtral-offloading, 4-bit GPTQ or
+AWQ elsewhere). ``--expert-bits 16|8|4|3|2`` quantizes the *target's* routed experts group-wise with the draft
+work's formats (:class:`~specterbench.engine.draft.QuantSpec`: the project's ``int`` quantizer by default, fp16 scale
+and a ``bits``-bit zero per group), and ``--dense-bits 16|8|4`` its attention, shared experts, dense MLPs and head.
+
+- **The reference is the quantized model itself**: the weights are replaced by their quantized values before the
+  engine is built, so the reference pass, every strategy and every draft see the same model, and lossless checks
+  keep their meaning (a lossless strategy must reproduce the quantized model's tokens).
+- **Budgets are fractions of the stored expert bytes**: one expert is billed at its packed bytes (codes plus
+  per-group scale and zero, :meth:`QuantSpec.tensor_bytes`), in the cache, on the link ledger and in the modeled
+  clock's prices (the geometry's bits per weight).
+- **A self-draft must sit below the target**: a speculative strategy whose draft has as many bits as the target's
+  experts (or more) refuses in one line.
+
+Prices: the target's experts and dense weights run with their format's kernel (:func:`specterbench.engine.kernels.
+kernel_for`), at their stored bytes over 16-bit, as drafts do.
+
+Where the weights live: the engine keeps the quantized values in the compute dtype (host RAM on a CPU run; the
+device slots of a CUDA run are allocated at that dtype too) while every byte figure is the packed one. The drafts'
+packed storage (:mod:`specterbench.engine.packing`) is not used by the expert store yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from specterbench.engine.draft import QuantSpec, dense_linears, roundtrip
+from specterbench.engine.geometry import Geometry
+from specterbench.errors import UsageError
+
+EXPERT_BITS = (16, 8, 4, 3, 2)
+DENSE_BITS = (16, 8, 4)
+TARGET_QUANTIZERS = ("int", "hqq", "bnb")
+DEFAULT_GROUP = 128  # GPTQ/AWQ's group; HQQ's configs in mixtral-offloading use 16-64
+DENSE_GROUP = 64
+
+
+def _bits(value, allowed: tuple[int, ...], flag: str) -> int:
+    try:
+        n = int(value)
+        ok = str(value).strip().lstrip("+").isdigit() or isinstance(value, int)
+    except (TypeError, ValueError):
+        n, ok = None, False
+    if not ok or n not in allowed:
+        raise UsageError(f"unknown precision {flag} {value!r}: use one of {', '.join(map(str, allowed))} "
+                         f"(16: unquantized)")
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class Precision:
+    """How the target's weights are stored: routed experts at ``expert_bits`` (group ``group``, ``quantizer``) and
+    the dense part at ``dense_bits`` (the ``int`` quantizer, group 64); 16 means unquantized (bf16)."""
+
+    expert_bits: int = 16
+    dense_bits: int = 16
+    quantizer: str = "int"
+    group: int = DEFAULT_GROUP
+
+    def __post_init__(self):
+        _bits(self.expert_bits, EXPERT_BITS, "--expert-bits")
+        _bits(self.dense_bits, DENSE_BITS, "--dense-bits")
+        if self.quantizer not in TARGET_QUANTIZERS:
+            raise UsageError(f"unknown expert quantizer {self.quantizer!r}; use one of {', '.join(TARGET_QUANTIZERS)}")
+        _ = self.expert_spec, self.dense_spec  # a format that cannot hold the bits (bnb at 3 bits) refuses here
+
+    @classmethod
+    def parse(cls, expert_bits=16, dense_bits=16, quantizer: str = "int", group=DEFAULT_GROUP) -> "Precision":
+        """From command-line text: one-line UsageErrors for an unknown precision or a format that cannot hold it."""
+        try:
+            g = int(group)
+        except (TypeError, ValueError):
+            raise UsageError(f"--expert-group {group!r} must be an integer (e.g. 64 or 128)") from None
+        return cls(_bits(expert_bits, EXPERT_BITS, "--expert-bits"), _bits(dense_bits, DENSE_BITS, "--dense-bits"),
+                   str(quantizer), g)
+
+    @property
+    def quantized(self) -> bool:
+        return self.expert_bits < 16 or self.dense_bits < 16
+
+    @property
+    def expert_spec(self) -> QuantSpec | None:
+        if self.expert_bits == 16:
+            return None
+        try:
+            return QuantSpec(bits=self.expert_bits, blocksize=self.group, quantizer=self.quantizer,
+                             quant_type="nf4")
+        except UsageError as err:
+            raise UsageError(f"--expert-bits {self.expert_bits} with quantizer {self.quantizer!r}: {err}") from None
+
+    @property
+    def dense_spec(self) -> QuantSpec | None:
+        return None if self.dense_bits == 16 else QuantSpec(bits=self.dense_bits, blocksize=DENSE_GROUP,
+                                                             quantizer="int")
+
+    @property
+    def dense_ratio(self) -> float:
+        """The dense weights' bytes over 16-bit (1.0 unquantized)."""
+        spec = self.dense_spec
+        return 1.0 if spec is None else spec.bits_per_weight() / 16
+
+    @property
+    def expert_kernel(self):
+        """The low-bit kernel the target's experts run with (:func:`specterbench.engine.kernels.kernel_for`)."""
+        from specterbench.engine.kernels import kernel_for
+
+        return None if self.expert_spec is None else kernel_for(self.expert_spec)
+
+    @property
+    def dense_kernel(self):
+        """The low-bit kernel the target's dense weights run with; None at 16 bits."""
+        from specterbench.engine.kernels import kernel_for
+
+        return None if self.dense_spec is None else kernel_for(self.dense_spec)
+
+    def label(self) -> str:
+        """``bf16``, ``experts int4/g128``, ``experts int2/g32 + dense int8/g64``: what rows and cells carry."""
+        if not self.quantized:
+            return "bf16"
+        parts = [f"experts {self.expert_spec.label()}" if self.expert_spec else "experts bf16"]
+        if self.dense_spec:
+            parts.append(f"dense {self.dense_spec.label()}")
+        return " + ".join(parts)
+
+    def expert_bytes(self, gate_up_shape, down_shape, dtype_bytes: int = 2) -> int:
+        """Stored bytes of one expert with weights of these shapes ([2I, H], [H, I]): packed codes plus group
+        metadata as the draft work's packing stores them (:meth:`QuantSpec.weight_bytes`); 16-bit unquantized."""
+        spec = self.expert_spec
+        if spec is None:
+            return (_numel(gate_up_shape) + _numel(down_shape)) * dtype_bytes
+        return spec.weight_bytes(tuple(gate_up_shape)) + spec.weight_bytes(tuple(down_shape))
+
+    def expert_bits_per_weight(self, hidden: int, intermediate: int) -> float:
+        """Stored bits per weight of one expert of ``hidden`` x ``intermediate`` (gate_up [2I, H], down [H, I])."""
+        gu, dn = (2 * intermediate, hidden), (hidden, intermediate)
+        return 8 * self.expert_bytes(gu, dn) / (_numel(gu) + _numel(dn))
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+BF16 = Precision()
+
+
+def _numel(shape) -> int:
+    rows, cols = shape
+    return rows * cols
+
+
+def priced_geometry(geometry: Geometry, precision: Precision) -> Geometry:
+    """``geometry`` with the target's stored bits per weight: what one expert copy moves and what a kernel reads."""
+    if not precision.quantized:
+        return geometry
+    bpw = precision.expert_bits_per_weight(geometry.hidden, geometry.expert_intermediate)
+    return dataclasses.replace(geometry, expert_bits_per_weight=None if precision.expert_bits == 16 else bpw,
+                               precision=precision.label())
+
+
+@torch.no_grad()
+def quantize_model(model, precision: Precision) -> None:
+    """Replace the target's weights by their quantized values, in place, before an engine is built on it: the
+    routed experts per expert slice (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I], groups along the input
+    dimension) and, with ``dense_bits`` < 16, every dense ``nn.Linear`` (routers and embeddings stay 16-bit)."""
+    from specterbench.engine.seam import find_moe_blocks, router_of
+
+    spec = precision.expert_spec
+    if spec is not None:
+        for block in find_moe_blocks(model):
+            for name in ("gate_up_proj", "down_proj"):
+                fused = getattr(block.experts, name)  # [E, out, in]
+                for e in range(fused.shape[0]):
+                    fused.data[e] = roundtrip(fused.data[e].float(), spec).to(fused.dtype)
+    dense = precision.dense_spec
+    if dense is not None:
+        routers = {id(m) for block in find_moe_blocks(model) for m in router_of(block).modules()}
+        for m in dense_linears(model):
+            if id(m) not in routers:  # routers decide the routing: they stay 16-bit, as in every low-bit recipe
+                m.weight.data = roundtrip(m.weight.data.float(), dense).to(m.weight.dtype)
+
+
+def check_draft_below(precision: Precision, draft: QuantSpec, strategy: str) -> None:
+    """A self-draft must be cheaper than the target it drafts for: its bits below the target experts' bits."""
+    if precision.expert_bits < 16 and draft.bits >= precision.expert_bits:
+        raise UsageError(f"{strategy}: its draft ({draft.label()}) is not below the target's {precision.expert_bits}-"
+                         f"bit experts; set {strategy}.bits to fewer than {precision.expert_bits} bits or run the "
+                         f"target at more --expert-bits")
