@@ -50,9 +50,9 @@ WALLCLOCK_MAX_SLOWDOWN ?= 1.3
 
 .PHONY: install bench test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
 
-# pip's own lines ("Collecting …", "Installing collected packages …") say what is being installed; PIP_ARGS=-q
-# silences them
-PIP_ARGS ?= --progress-bar off
+# pip's own lines ("Collecting …", "Installing collected packages …", a download bar on a terminal) say what is
+# being installed; PIP_ARGS=-q silences them, PIP_ARGS="--progress-bar off" keeps the lines without the bars
+PIP_ARGS ?=
 
 $(BIN)/python:
 	@echo "== creating the virtual environment $(VENV)"

@@ -61,8 +61,8 @@ def gate_grid() -> list[ResultRow]:
                 lossy = strategy == "mixed-precision"
                 extra = ({"tokens_per_window": 4.6, "k": 4, "strategy_options": None} if strategy in SPECULATIVE
                          else {})
-                row = base_row(model=model, geometry=geometry, geometry_label=f"{geometry} (projection)",
-                               strategy=strategy, budget_fraction=1.0 if strategy == "resident" else budget,
+                row = base_row(cell=f"{model}|{geometry}|{strategy}|{budget}", model=model, geometry=geometry,
+                               geometry_label=f"{geometry} (projection)", strategy=strategy, budget_fraction=1.0 if strategy == "resident" else budget,
                                lossless_strategy=not lossy, token_agreement=0.92 if lossy else 1.0,
                                lossless=None if lossy else True, decode=dict(SAMPLE), prompts=4, new_tokens=16,
                                ttft_ms=50.0 * scale, hit_rate=0.6 + budget / 2, h2d_bytes=6_000_000,
