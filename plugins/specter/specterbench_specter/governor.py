@@ -183,6 +183,20 @@ class Governor:
         tokens = min(self.expected_tokens(k), costs.remaining)
         return WindowForecast(k, (draft_s + compute + misses * self.miss_s()) * self.bias(k), tokens, misses)
 
+    def plain_step_s(self, costs, uncovered: float) -> float:
+        """Seconds per token of plain decoding (one token per forward, no draft) over a cache that misses a share
+        ``uncovered`` of the routed experts — what dropping the draft would give. Priced by the cost model, not by
+        the windows' fitted miss cost (a window's misses queue behind each other; a plain step's few do not): per
+        layer, ``j`` of the ``top_k`` experts miss with binomial probability, and those ``j`` are split between the
+        host and the link so that the later of the two finishes first."""
+        k, q = self.shape.top_k, min(1.0, max(0.0, uncovered))
+        host, fetch = costs.host_miss_s(), costs.fetch_miss_s()
+        expected = 0.0
+        for j in range(1, k + 1):
+            split = min(max(p * fetch, (j - p) * host) for p in range(j + 1))
+            expected += math.comb(k, j) * q ** j * (1 - q) ** (k - j) * split
+        return costs.verify_s(1, float(k)) + self.shape.moe_layers * expected
+
     def choose(self, remaining: int, costs) -> tuple[WindowForecast, list[WindowForecast]]:
         """The cheapest forecast per emitted token among depths that do not overshoot ``remaining`` tokens (K=0
         always allowed), and every forecast made."""
@@ -220,6 +234,14 @@ class WindowCosts:
         per_expert = max(1, round(n_tokens * e.top_k / max(union, 1.0)))
         layer = c.layer_s(n_tokens) + union * c.expert_s(per_expert)
         return self.dense_layers * c.layer_s(n_tokens, moe=False) + e.num_layers * layer + c.head_s(n_tokens)
+
+    def host_miss_s(self) -> float:
+        """One missed expert of a plain step on the host (inf without a host path)."""
+        return self.costs.host_expert_s(1) if self.host else float("inf")
+
+    def fetch_miss_s(self) -> float:
+        """One missed expert of a plain step fetched and computed on the device."""
+        return self.costs.copy_s() + self.costs.expert_s(1)
 
     def prior_miss_s(self) -> float:
         copy = self.costs.copy_s()

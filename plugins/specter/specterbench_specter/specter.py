@@ -60,7 +60,7 @@ class Specter(SpeculativeDecoding):
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", "plan", "dense_bits", *QuantSpec.OPTIONS)
+        return ("k", "host", "plan", "dense_bits", "draft_noise", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 
@@ -94,7 +94,10 @@ class Specter(SpeculativeDecoding):
         self.forecast = None
         self.predictions: list[tuple[int, float, float]] = []
 
+    calibration = None
+
     def prepare(self, engine, calibration=None):
+        self.calibration = calibration
         self.load_residents(engine, calibration)
         if self.k_option == "auto" and calibration is not None and calibration.prompts:
             from specterbench.plugins.strategy import Request
@@ -132,33 +135,42 @@ class Specter(SpeculativeDecoding):
     plain_forecast_ms = spec_forecast_ms = None
 
     def maybe_release_draft(self, engine, calibration) -> None:
-        """After the seed: when plain decoding over the cache the draft's bytes would add to is predicted
-        cheaper per token than the best window with the draft, drop the draft and give its bytes to the cache
-        (``engine.release_device_bytes``); the cell then decodes with K = 0 only. The bigger cache's misses are
-        scaled from the smaller one's by the calibration counts' coverage of the popular experts it holds."""
+        """After the seed: when plain decoding over the cache the draft's bytes would add to is predicted cheaper per
+        token than the best window with the draft, drop the draft and give its bytes to the cache."""
+        self.calibration_counts = sorted(calibration.counts.flatten().tolist(), reverse=True)
         costs = self.window_costs(10**6)
-        g = self.governor
-        g.prior_miss_s = costs.prior_miss_s()
-        spec = min((g.forecast(k, costs) for k in g.choices if k), key=lambda f: f.per_token_s)
-        plain = g.forecast(0, costs)
-        counts = sorted(calibration.counts.flatten().tolist(), reverse=True)
+        self.governor.prior_miss_s = costs.prior_miss_s()
+        spec = min((self.governor.forecast(k, costs) for k in self.governor.choices if k), key=lambda f: f.per_token_s)
+        self.spec_forecast_ms = spec.per_token_s * 1e3
+        if self.plain_without_draft_s(costs) < spec.per_token_s:
+            self.release_draft()
+
+    calibration_counts: list = []
+    release_votes = 0
+    RELEASE_VOTES = 3  # windows in a row that must find plain decoding without the draft cheaper
+
+    def plain_without_draft_s(self, costs) -> float:
+        """Per token, plain decoding once the draft's bytes are cache: the calibration set's most popular experts
+        resident in every slot but one layer's top-k (as :meth:`load_residents` would place them), the rest missed
+        and placed on the host or fetched (:meth:`Governor.plain_step_s`)."""
+        counts = self.calibration_counts
         total = sum(counts) or 1
-        extra = self.draft.nbytes // engine.expert_bytes
-        small = max(0, self.slots - engine.top_k)
+        e = self.engine
+        slots = (e.cache.capacity_bytes + self.draft_bytes(e)) // e.expert_bytes
+        covered = sum(counts[:max(0, slots - e.top_k)])
+        self.plain_forecast_ms = self.governor.plain_step_s(costs, 1 - covered / total) * 1e3
+        return self.plain_forecast_ms / 1e3
 
-        def uncovered(n):
-            return max(1e-9, 1 - sum(counts[:n]) / total)
-
-        miss_part = plain.misses * g.miss_s() * g.bias(0)
-        plain_big = plain.window_s - miss_part * (1 - uncovered(small + extra) / uncovered(small))
-        self.plain_forecast_ms, self.spec_forecast_ms = plain_big * 1e3, spec.per_token_s * 1e3
-        if plain_big >= spec.per_token_s:
-            return
+    def release_draft(self) -> None:
+        """Drop the draft (``engine.release_device_bytes``): its bytes become cache, filled with the next most
+        popular experts; the cell decodes with K = 0 from here on."""
+        engine = self.engine
         engine.release_device_bytes(self.draft_bytes(engine))
         self.draft_released = True
         self.k_option, self.k = 0, 0
         self.slots = engine.cache.capacity_bytes // engine.expert_bytes
-        self.load_residents(engine, calibration)
+        if self.calibration is not None:
+            self.load_residents(engine, self.calibration)
 
     # ---- the governor ------------------------------------------------------------------------------
     def window_costs(self, remaining: int) -> WindowCosts:
@@ -176,6 +188,13 @@ class Specter(SpeculativeDecoding):
         if self.explore:  # seeding on a calibration prompt: take the listed depth, still forecast it
             k = min(self.explore.pop(0), remaining)
             best = next((f for f in forecasts if f.k == k), None) or self.governor.forecast(k, costs)
+        elif self.calibration_counts and remaining > 1:  # the floor: drop a draft that loses to plain decoding
+            spec = min((f.per_token_s for f in forecasts if f.k), default=float("inf"))
+            self.spec_forecast_ms = spec * 1e3
+            self.release_votes = self.release_votes + 1 if self.plain_without_draft_s(costs) < spec else 0
+            if self.release_votes >= self.RELEASE_VOTES:
+                self.release_draft()
+                best = self.governor.forecast(0, costs)
         self.forecast = best
         return best.k
 
