@@ -187,15 +187,16 @@ class Governor:
         """Seconds per token of plain decoding (one token per forward, no draft) over a cache that misses a share
         ``uncovered`` of the routed experts — what dropping the draft would give. Priced by the cost model, not by
         the windows' fitted miss cost (a window's misses queue behind each other; a plain step's few do not): per
-        layer, ``j`` of the ``top_k`` experts miss with binomial probability, and those ``j`` are split between the
-        host and the link so that the later of the two finishes first."""
+        layer, ``j`` of the ``top_k`` experts miss with binomial probability; the device computes the ``k - j``
+        cached ones while the ``j`` misses are split between the host and the link (a fetched one then computed on
+        the device), and the layer takes as long as the slowest of the three."""
         k, q = self.shape.top_k, min(1.0, max(0.0, uncovered))
-        host, fetch = costs.host_miss_s(), costs.fetch_miss_s()
+        host, fetch, device = costs.host_miss_s(), costs.fetch_miss_s(), costs.device_expert_s()
         expected = 0.0
-        for j in range(1, k + 1):
-            split = min(max(p * fetch, (j - p) * host) for p in range(j + 1))
+        for j in range(k + 1):
+            split = min(max(p * fetch, (j - p) * host, (k - j) * device) for p in range(j + 1))
             expected += math.comb(k, j) * q ** j * (1 - q) ** (k - j) * split
-        return costs.verify_s(1, float(k)) + self.shape.moe_layers * expected
+        return costs.verify_s(1, 0.0) + self.shape.moe_layers * expected
 
     def choose(self, remaining: int, costs) -> tuple[WindowForecast, list[WindowForecast]]:
         """The cheapest forecast per emitted token among depths that do not overshoot ``remaining`` tokens (K=0
@@ -238,6 +239,10 @@ class WindowCosts:
     def host_miss_s(self) -> float:
         """One missed expert of a plain step on the host (inf without a host path)."""
         return self.costs.host_expert_s(1) if self.host else float("inf")
+
+    def device_expert_s(self) -> float:
+        """One cached expert computed on the device for one token."""
+        return self.costs.expert_s(1)
 
     def fetch_miss_s(self) -> float:
         """One missed expert of a plain step fetched and computed on the device."""
