@@ -33,7 +33,11 @@ from .governor import K_CHOICES, Governor, Shape, WindowCosts
 from .planner import LookaheadPlanner, by_layer
 
 HOST_CHOICES = ("auto", "off")
-PLAN_CHOICES = ("lookahead", "off")  # off: no prefetch plan and no draft-guided eviction (the ablation spec-host)
+# the prefetch plan: lookahead = the draft's routing, earliest layer first, as far as the cache allows; aimed = the
+# same, and a verification layer drops the planned copies still queued that the host would finish sooner; rolling =
+# aimed, and each verified layer's slots go to the plan of the layers ahead; off: no plan and no draft-guided
+# eviction (the ablation spec-host)
+PLAN_CHOICES = ("lookahead", "aimed", "rolling", "off")
 EXPLORE_K = (0, 4, 8, 16, 32, 2, 24, 12, 32, 16, 0, 6)  # depths tried on calibration prompts to seed the governor
 
 
@@ -77,7 +81,8 @@ class Specter(SpeculativeDecoding):
     def __init__(self, **options):
         super().__init__(**options)
         self.host_option = str(options.get("host", "auto"))
-        self.plan_on = str(options.get("plan", self.plan_default)) == "lookahead"
+        self.plan = str(options.get("plan", self.plan_default))
+        self.plan_on = self.plan != "off"
         self.explore: list[int] = []
 
     planner = None
@@ -231,6 +236,8 @@ class Specter(SpeculativeDecoding):
         super().before_layer(layer, experts, tokens_per_expert)
         if self.verifying:
             self.verify_layer = layer
+            if self.plan in ("aimed", "rolling") and self.host_path:
+                self.drop_late_copies(layer, experts, tokens_per_expert)
         plain = self.window_k == 0 and getattr(self, "step_tokens", 0) == 1
         if self.verifying or plain:
             cache, issued = self.engine.cache, self.planner.issued
@@ -239,6 +246,29 @@ class Specter(SpeculativeDecoding):
             predicted = sum(1 for k in keys if k in issued)
             n = self.window_k + 1
             self.governor.observe_layer(n, len(keys), before, predicted)
+
+    def drop_late_copies(self, layer, experts, tokens_per_expert) -> None:
+        """Aim the plan at what the host cannot do in time: a planned copy of this layer still queued (not on the
+        link) is dropped when the host, its queue counted, would finish the expert before the copy would land as a
+        demand fetch; the expert is then a miss the hybrid rule places."""
+        e, c = self.engine, self.engine.costs
+        host_s = c.host_backlog_s()
+        for expert, n in zip(experts, tokens_per_expert):
+            key = (layer, expert)
+            if key not in self.planner.issued or e.landed(key):
+                continue
+            host = host_s + c.host_expert_s(n)
+            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n) and e.cancel(key):
+                self.planner.issued.discard(key)
+                self.dropped_copies += 1
+                host_s = host
+
+    dropped_copies = 0
+
+    def after_layer(self, layer, experts):
+        super().after_layer(layer, experts)
+        if self.verifying and self.plan == "rolling" and layer + 1 < self.engine.num_layers:
+            self.planner.issue(None, from_layer=layer + 1)  # the passed layers' slots serve the layers ahead
 
     def place_miss(self, key, n_tokens):
         """Hybrid verification: the host when it is predicted to finish first, its own queue counted."""
@@ -280,7 +310,7 @@ class Specter(SpeculativeDecoding):
         g = self.governor
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
                   "speculative_forecast_ms_per_token": self.spec_forecast_ms})
-        m.update({"k": self.k_option, "plan": "lookahead" if self.plan_on else "off",
+        m.update({"k": self.k_option, "plan": self.plan, "plan_copies_dropped": self.dropped_copies,
                   "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
                   "governor_miss_ms": round(g.miss_s() * 1e3, 4)})
