@@ -147,12 +147,19 @@ class Specter(SpeculativeDecoding):
         self.governor.prior_miss_s = costs.prior_miss_s()
         spec = min((self.governor.forecast(k, costs) for k in self.governor.choices if k), key=lambda f: f.per_token_s)
         self.spec_forecast_ms = spec.per_token_s * 1e3
-        if self.plain_without_draft_s(costs) < spec.per_token_s:
+        if self.draft_loses(spec.per_token_s, costs):
             self.release_draft()
 
     calibration_counts: list = []
     release_votes = 0
-    RELEASE_VOTES = 3  # windows in a row that must find plain decoding without the draft cheaper
+    RELEASE_VOTES = 3  # net windows that must find the draft losing (a winning window takes one vote back)
+    # the draft stays only while its best window is forecast at least this much cheaper per token than plain
+    # decoding without it: the floor (never more than 3% behind the strongest non-speculative strategy) outweighs
+    # the last few percent of a draft near break-even, and the forecasts err by about this much
+    RELEASE_MARGIN = 0.05
+
+    def draft_loses(self, spec_per_token_s: float, costs) -> bool:
+        return self.plain_without_draft_s(costs) * (1 + self.RELEASE_MARGIN) > spec_per_token_s
 
     def plain_without_draft_s(self, costs) -> float:
         """Per token, plain decoding once the draft's bytes are cache: the calibration set's most popular experts
@@ -196,7 +203,8 @@ class Specter(SpeculativeDecoding):
         elif self.calibration_counts and remaining > 1:  # the floor: drop a draft that loses to plain decoding
             spec = min((f.per_token_s for f in forecasts if f.k), default=float("inf"))
             self.spec_forecast_ms = spec * 1e3
-            self.release_votes = self.release_votes + 1 if self.plain_without_draft_s(costs) < spec else 0
+            self.release_votes = (self.release_votes + 1 if self.draft_loses(spec, costs)
+                                  else max(0, self.release_votes - 1))
             if self.release_votes >= self.RELEASE_VOTES:
                 self.release_draft()
                 best = self.governor.forecast(0, costs)
