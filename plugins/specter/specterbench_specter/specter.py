@@ -159,7 +159,7 @@ class Specter(SpeculativeDecoding):
     RELEASE_MARGIN = 0.05
 
     def draft_loses(self, spec_per_token_s: float, costs) -> bool:
-        return self.plain_without_draft_s(costs) * (1 + self.RELEASE_MARGIN) > spec_per_token_s
+        return spec_per_token_s * (1 + self.RELEASE_MARGIN) > self.plain_without_draft_s(costs)
 
     def plain_without_draft_s(self, costs) -> float:
         """Per token, plain decoding once the draft's bytes are cache: the calibration set's most popular experts
