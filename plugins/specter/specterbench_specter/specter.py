@@ -151,6 +151,7 @@ class Specter(SpeculativeDecoding):
             self.release_draft()
 
     calibration_counts: list = []
+    recent_windows: list = []  # (seconds, tokens emitted) of the last speculative windows outside the seed
     release_votes = 0
     RELEASE_VOTES = 3  # net windows that must find the draft losing (a winning window takes one vote back)
     # the draft stays only while its best window is forecast at least this much cheaper per token than plain
@@ -159,7 +160,16 @@ class Specter(SpeculativeDecoding):
     RELEASE_MARGIN = 0.05
 
     def draft_loses(self, spec_per_token_s: float, costs) -> bool:
+        """Whether speculation, by the realised time per emitted token of the recent windows with the draft (its
+        forecast before there are enough), is not ``RELEASE_MARGIN`` cheaper than plain decoding without it."""
+        recent = self.recent_windows[-self.RECENT:]
+        if len(recent) >= 3:
+            spec_per_token_s = sum(s for s, _ in recent) / sum(n for _, n in recent)
+            self.spec_realised_ms = spec_per_token_s * 1e3
         return spec_per_token_s * (1 + self.RELEASE_MARGIN) > self.plain_without_draft_s(costs)
+
+    RECENT = 8  # speculative windows whose realised time per token the release decision reads
+    spec_realised_ms = None
 
     def plain_without_draft_s(self, costs) -> float:
         """Per token, plain decoding once the draft's bytes are cache: the calibration set's most popular experts
@@ -223,6 +233,8 @@ class Specter(SpeculativeDecoding):
         super().end_window(k, emitted, window_s)
         if k:
             self.governor.observe_acceptance(k, self.accepted_lengths[-1])
+            if not self.explore:
+                self.recent_windows = (self.recent_windows + [(window_s, emitted)])[-self.RECENT:]
         if self.forecast is not None:
             misses = self.engine.stats.misses - self.window_misses0
             self.governor.observe_window(self.forecast, window_s, misses)
@@ -317,7 +329,8 @@ class Specter(SpeculativeDecoding):
         m = super().metrics()
         g = self.governor
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
-                  "speculative_forecast_ms_per_token": self.spec_forecast_ms})
+                  "speculative_forecast_ms_per_token": self.spec_forecast_ms,
+                  "speculative_realised_ms_per_token": self.spec_realised_ms})
         m.update({"k": self.k_option, "plan": self.plan, "plan_copies_dropped": self.dropped_copies,
                   "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
