@@ -5,8 +5,9 @@ window verifies ``MAX_WINDOW`` tokens (32, Specter's deepest) and emits ``MAX_WI
 whole budget is expert cache. The window's exact expert set per layer (the union of the reference routing of its
 tokens) is known in advance: Belady eviction and perfect prefetch over the sequence of windows (the ``oracle``'s
 schedule, applied to window unions instead of single tokens), copies issued the moment the expert they replace has
-had its last use. A miss the schedule could not cover runs on the host or is fetched, whichever is predicted sooner
-(both queues counted, as Specter decides). Every price is the one every strategy pays (host DRAM shared with the
+had its last use; when a layer comes, a copy still queued that the host would finish sooner is dropped and the
+expert computed on the host. A miss the schedule could not cover runs on the host or is fetched, whichever is
+predicted sooner (both queues counted, as Specter decides). Every price is the one every strategy pays (host DRAM shared with the
 link included). What it does not optimise (copy order against the host's queue, a depth per window) keeps it a
 strong reference rather than a proof: Specter and ``spec-host`` are compared with it, per-token strategies with
 ``oracle``.
@@ -66,7 +67,7 @@ class OracleSpec(Oracle):
     def attach(self, engine):
         super().attach(engine)
         self.host_path = engine.clock.costs.host is not None
-        self.windows = self.window_tokens = self.mismatches = self.host_calls = self.fetch_calls = 0
+        self.windows = self.window_tokens = self.mismatches = self.host_calls = self.fetch_calls = self.dropped = 0
 
     def on_request_start(self, request):
         if request.reference_trace is None or request.reference_tokens is None:
@@ -78,6 +79,23 @@ class OracleSpec(Oracle):
         if self.pos >= len(self.trace) or self.trace[self.pos] != (layer, tuple(experts)):
             self.mismatches += 1  # a near-tie routed differently in a batch: the schedule still applies
         self.issue_due()
+        if self.host_path:
+            self.drop_late_copies(layer, experts, tokens_per_expert)
+
+    def drop_late_copies(self, layer, experts, tokens_per_expert) -> None:
+        """The schedule's copies of this layer still queued (not on the link) whose expert the host, its queue
+        counted, would finish before the copy lands as a demand fetch are dropped: the host computes them (the
+        link and the host both work, as the prices allow)."""
+        e, c = self.engine, self.engine.costs
+        host_s = c.host_backlog_s()
+        for expert, n in zip(experts, tokens_per_expert):
+            key = (layer, expert)
+            if key not in e.cache or e.landed(key):
+                continue
+            host = host_s + c.host_expert_s(n)
+            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n) and e.cancel(key):
+                self.dropped += 1
+                host_s = host
 
     def place_miss(self, key, n_tokens):
         if not self.host_path:
@@ -128,4 +146,4 @@ class OracleSpec(Oracle):
     def metrics(self):
         return {"windows": self.windows, "tokens_per_window": self.window_tokens / self.windows if self.windows else
                 None, "routing_mismatches": self.mismatches, "host_calls": self.host_calls,
-                "fetch_calls": self.fetch_calls}
+                "fetch_calls": self.fetch_calls, "copies_dropped_for_host": self.dropped}

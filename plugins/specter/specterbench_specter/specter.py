@@ -108,13 +108,14 @@ class Specter(SpeculativeDecoding):
             from specterbench.plugins.strategy import Request
 
             self.explore = list(EXPLORE_K)
+            self.seeding, self.seed_windows = True, []
             for i, ids in enumerate(calibration.prompts[:2]):  # until every listed depth has had its window
                 if not self.explore:
                     break
                 request = Request(f"governor-seed-{i}", ids, sum(EXPLORE_K) // 2 + 8, decode=calibration.decode)
                 engine.begin_request(request)
                 self.generate(engine, request)
-            self.explore = []
+            self.explore, self.seeding = [], False
             self.maybe_release_draft(engine, calibration)
         self.reset_metrics()
         self.predictions = []
@@ -147,11 +148,20 @@ class Specter(SpeculativeDecoding):
         self.governor.prior_miss_s = costs.prior_miss_s()
         spec = min((self.governor.forecast(k, costs) for k in self.governor.choices if k), key=lambda f: f.per_token_s)
         self.spec_forecast_ms = spec.per_token_s * 1e3
-        if self.draft_loses(spec.per_token_s, costs):
+        # the seed's realised windows: the best depth's time per emitted token (one or two windows a depth, so the
+        # minimum errs towards keeping the draft), in place of the forecast when it is worse
+        by_k: dict = {}
+        for k, seconds, emitted in self.seed_windows:
+            t, n = by_k.get(k, (0.0, 0))
+            by_k[k] = (t + seconds, n + emitted)
+        realised = min((t / n for t, n in by_k.values() if n), default=0.0)
+        if self.draft_loses(max(spec.per_token_s, realised), costs):
             self.release_draft()
 
     calibration_counts: list = []
     recent_windows: list = []  # (seconds, tokens emitted) of the last speculative windows outside the seed
+    seed_windows: list = []  # (K, seconds, tokens emitted) of the seed's speculative windows
+    seeding = False
     release_votes = 0
     RELEASE_VOTES = 3  # net windows that must find the draft losing (a winning window takes one vote back)
     # the draft stays only while its best window is forecast at least this much cheaper per token than plain
@@ -233,8 +243,10 @@ class Specter(SpeculativeDecoding):
         super().end_window(k, emitted, window_s)
         if k:
             self.governor.observe_acceptance(k, self.accepted_lengths[-1])
-            if not self.explore:
+            if not self.explore and not self.seeding:
                 self.recent_windows = (self.recent_windows + [(window_s, emitted)])[-self.RECENT:]
+            elif self.seeding:
+                self.seed_windows.append((k, window_s, emitted))
         if self.forecast is not None:
             misses = self.engine.stats.misses - self.window_misses0
             self.governor.observe_window(self.forecast, window_s, misses)
