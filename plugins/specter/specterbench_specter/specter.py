@@ -209,8 +209,11 @@ class Specter(SpeculativeDecoding):
         return WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path, self.dense_ratio,
                            self.draft.kernel, self.dense.kernel if self.dense is not None else None)
 
+    window_in_tail = False
+
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
+        self.window_in_tail = remaining <= max(self.governor.choices) + 1
         costs = self.window_costs(remaining)
         if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are
             self.governor.prior_miss_s = costs.prior_miss_s()
@@ -243,7 +246,7 @@ class Specter(SpeculativeDecoding):
         super().end_window(k, emitted, window_s)
         if k:
             self.governor.observe_acceptance(k, self.accepted_lengths[-1])
-            if not self.explore and not self.seeding:
+            if not self.explore and not self.seeding and not self.window_in_tail:  # a request's tail: K cut short
                 self.recent_windows = (self.recent_windows + [(window_s, emitted)])[-self.RECENT:]
             elif self.seeding:
                 self.seed_windows.append((k, window_s, emitted))
