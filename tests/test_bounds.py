@@ -52,4 +52,5 @@ def test_spec_host_is_specter_without_its_plan(host, small_prompts, tmp_path):
     (row,) = rows
     assert row.status == "ok" and row.lossless, row.error
     assert row.extra["plan"] == "off"
-    assert row.prefetch_issued == 0  # residents are loaded before the run; nothing is prefetched during it
+    if not row.extra["draft_released"]:  # (a dropped draft's bytes are filled with residents: those are copies)
+        assert row.prefetch_issued == 0  # residents are loaded before the run; nothing is prefetched during it
