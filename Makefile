@@ -5,9 +5,10 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
 MODEL ?= tiny-qwen-moe
-# the headline comparison: Specter, its paper's baselines and the strongest lossless ones, with the bounds
+# the headline comparison: Specter, its paper's baselines, the strongest lossless ones and the speculative ablation
+# (spec-host: Specter without its lookahead), with the bound of each kind (oracle: per-token; oracle-spec: speculative)
 # (STRATEGIES=all runs every registered strategy: about twice as long)
-STRATEGIES ?= on-demand,lru,static,cpu-experts,specmoeoff,specter,oracle,resident
+STRATEGIES ?= on-demand,lru,static,cpu-experts,specmoeoff,spec-host,specter,oracle,oracle-spec,resident
 BUDGETS ?= 35%,50%
 PROFILE ?= a100-40g-pcie4
 TOKENS ?= 64
@@ -29,7 +30,7 @@ SWEEP_ARGS ?=
 # model, GATE_JOBS at a time; `make gate` holds them to results/reference with results/reference/gate.toml.
 # Not gated: specter-artifact (it profiles K over 2..32 in every cell: minutes a cell here) and the example plugin lfu
 GATE_MODELS ?= tiny-mixtral,tiny-qwen-moe,tiny-deepseek
-GATE_STRATEGIES ?= on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,spec-decode,specmoeoff,specter
+GATE_STRATEGIES ?= on-demand,lru,lfru,static,next-layer-gate,activation-aware,cpu-experts,mixed-precision,resident,oracle,oracle-spec,spec-decode,spec-host,specmoeoff,specter
 GATE_RUN_ARGS ?= --geometry auto --strategies $(GATE_STRATEGIES) \
   --budgets 35%,50% --profile a100-40g-pcie4 --clock modeled --tokens 32 --prompts 4 --seed 0 \
   --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE))

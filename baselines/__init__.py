@@ -10,11 +10,12 @@ from .mixed_precision import MixedPrecision
 from .next_layer_gate import NextLayerGate
 from .on_demand import OnDemand
 from .oracle import Oracle
+from .oracle_spec import OracleSpec
 from .resident import Resident
 from .static import StaticPlacement
 
 STRATEGIES = (OnDemand, LRU, LFRU, StaticPlacement, NextLayerGate, ActivationAware, CpuExperts, MixedPrecision,
-              Resident, Oracle)
+              Resident, Oracle, OracleSpec)
 
 
 @hookimpl

@@ -39,7 +39,10 @@ class _Farthest:
 
 
 class Oracle(Strategy):
-    """Belady eviction with perfect prefetch, from the routing trace recorded by the reference run.
+    """Belady eviction with perfect prefetch, from the routing trace recorded by the reference run: **the bound for
+    per-token, fetch-only decoding** at this budget (one token per forward, every miss fetched). It bounds neither
+    host execution of misses (``cpu-experts`` beats it where the link is slow) nor speculation (a verification reads
+    each expert once for a whole window): those are bounded by ``oracle-spec``.
 
     At the start of a request it replays the whole future access sequence through Belady's algorithm (evict
     the expert used farthest in the future) from the cache's current contents: that is the fewest copies any
@@ -52,13 +55,18 @@ class Oracle(Strategy):
 
     name = "oracle"
     version = "3"
-    description = "Belady eviction + perfect prefetch from the recorded reference routing (a bound)"
+    description = ("Belady eviction + perfect prefetch from the recorded reference routing: the bound for per-token, "
+                   "fetch-only decoding")
     uses_reference_trace = True
 
     def on_request_start(self, request):
         if request.reference_trace is None:
-            raise EngineViolation("oracle needs the reference routing trace; the runner records it")
-        self.trace = request.reference_trace
+            raise EngineViolation(f"{self.name} needs the reference routing trace; the runner records it")
+        self.start_trace(request.reference_trace)
+
+    def start_trace(self, trace) -> None:
+        """Plan the request from ``trace``: the (layer, experts) of every MoE layer call the run will make."""
+        self.trace = trace
         self.uses = defaultdict(list)
         for pos, (layer, experts) in enumerate(self.trace):
             for e in experts:
@@ -113,6 +121,10 @@ class Oracle(Strategy):
         if self.pos >= len(self.trace) or self.trace[self.pos] != (layer, tuple(experts)):
             raise EngineViolation(f"oracle: routing at access {self.pos} (layer {layer}) differs from the "
                                   f"reference trace; the run is not the reference's")
+        self.issue_due()
+
+    def issue_due(self) -> None:
+        """Issue the schedule's copies due at the present access (each replacing its Belady victim)."""
         engine = self.engine
         while self.next_event < len(self.schedule) and self.schedule[self.next_event][0] <= self.pos:
             _, need, key, victim = self.schedule[self.next_event]

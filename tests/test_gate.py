@@ -26,7 +26,8 @@ def grid(tpot: dict[str, float], budgets=(0.35, 0.5), **kw) -> list[ResultRow]:
 
 def test_rules_parse_into_frozen_dataclasses_with_defaults():
     s = parse_rule("speedup strategy=specter over=best-other metric=tpot_ms min=1.5")
-    assert s == SpeedupRule(s.text, "specter", 1.5, "tpot_ms", "best-other", ("resident", "oracle"), ())
+    bounds = ("resident", "oracle", "oracle-spec")
+    assert s == SpeedupRule(s.text, "specter", 1.5, "tpot_ms", "best-other", bounds, ())
     r = parse_rule("regression metric=hit_rate max_pct=5 strategies=lru,specter")
     assert (r.metric, r.max_pct, r.strategies) == ("hit_rate", 5.0, ("lru", "specter"))
     assert parse_rule("regression max_pct=0").strategies == ()  # all

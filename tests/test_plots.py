@@ -101,7 +101,8 @@ def test_a_run_without_ok_rows_has_no_plots(tmp_path):
 
 
 BUILTIN = ["activation-aware", "cpu-experts", "lfru", "lfu", "lru", "mixed-precision", "next-layer-gate",
-           "on-demand", "oracle", "resident", "spec-decode", "specmoeoff", "specter", "specter-artifact", "static"]
+           "on-demand", "oracle", "oracle-spec", "resident", "spec-decode", "spec-host", "specmoeoff", "specter",
+           "specter-artifact", "static"]
 
 
 def test_every_builtin_strategy_has_its_own_colour_and_marker_line_pair():

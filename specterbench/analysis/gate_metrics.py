@@ -167,7 +167,7 @@ def check_decode(reference: list[ResultRow], rows: list[ResultRow]) -> None:
 
 # ---- speed-ups ----------------------------------------------------------------------------------------------
 
-REFERENCE_STRATEGIES = ("resident", "oracle")  # bounds, not competitors
+REFERENCE_STRATEGIES = ("resident", "oracle", "oracle-spec")  # bounds, not competitors
 
 
 def base_name(label: str) -> str:

@@ -16,6 +16,7 @@ for token in both decode modes. A window of K = 0 is one plain target step over 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import statistics
 from collections import Counter
@@ -71,7 +72,19 @@ class SpeculativeDecoding(Strategy):
 
     @classmethod
     def option_names(cls):
-        return ("k", "dense_bits", *QuantSpec.OPTIONS)
+        return ("k", "dense_bits", "draft_noise", *QuantSpec.OPTIONS)
+
+    @staticmethod
+    def parse_noise(value) -> float:
+        """``draft_noise``: the share of draft proposals replaced by another token (0 default) — a deliberately
+        degraded draft, to test what a strategy does when acceptance is low. Still lossless: the target verifies."""
+        try:
+            p = float(value)
+        except (TypeError, ValueError):
+            p = -1.0
+        if not 0.0 <= p < 1.0:
+            raise UsageError(f"option draft_noise={value!r} is invalid: use a share from 0 to below 1")
+        return p
 
     @classmethod
     def dense_spec_of(cls, options: dict):
@@ -91,6 +104,7 @@ class SpeculativeDecoding(Strategy):
             raise UsageError(f"strategy {cls.name!r} has no option(s) {', '.join(unknown)}; it accepts: "
                              f"{', '.join(cls.option_names())}")
         cls.parse_depth(options.get("k", "auto"))
+        cls.parse_noise(options.get("draft_noise", 0))
         QuantSpec.from_options(options, **cls.draft_defaults)
         cls.dense_spec_of(options)
 
@@ -117,6 +131,8 @@ class SpeculativeDecoding(Strategy):
         self.dense_spec = self.dense_spec_of(options)
         self.k = 4 if self.k_option == "auto" else self.k_option
         self.k_profile: dict[int, float] = {}
+        self.draft_noise = self.parse_noise(options.get("draft_noise", 0))
+        self.request_id = ""
 
     # ---- setup -------------------------------------------------------------------------------------
     def device_bytes(self, engine):
@@ -185,6 +201,7 @@ class SpeculativeDecoding(Strategy):
         return accepted_prefix(proposals, target)
 
     def generate(self, engine, request):
+        self.request_id = request.id
         sampler = request.sampler()
         n_new = request.max_new_tokens
         seq = list(request.prompt_ids)  # seq[i] sits at absolute position i
@@ -222,6 +239,8 @@ class SpeculativeDecoding(Strategy):
             t_step = engine.clock.now()
             dl = engine.forward(torch.tensor([[last]]), kv, experts=self.draft, dense=self.dense)
             last = sampler.pick(dl[-1], len(seq) + step)
+            if self.draft_noise:
+                last = self.corrupt(last, len(seq) + step, dl.shape[-1])
             proposals.append(last)
             self.after_draft_step(step, self.draft.routing, engine.clock.now() - t_step)
         self.draft_s += engine.clock.now() - d0
@@ -236,6 +255,15 @@ class SpeculativeDecoding(Strategy):
         self.accepted += a
         self.accepted_lengths.append(a)
         return proposals[:a] + [target[a]]
+
+    def corrupt(self, token: int, position: int, vocab: int) -> int:
+        """With probability ``draft_noise`` (drawn from (request, position), so every run draws the same), another
+        token in place of the draft's own: a weaker draft, its next steps continuing from the corrupted one."""
+        digest = hashlib.blake2b(f"draft-noise\x1f{self.request_id}\x1f{position}".encode(), digest_size=8).digest()
+        u = int.from_bytes(digest, "little")
+        if (u >> 11) / 2**53 >= self.draft_noise:
+            return token
+        return (token + 1 + u % (vocab - 1)) % vocab
 
     # ---- window hooks: the draft's routing, the target's routing during verification -----------------
     def on_request_start(self, request):
@@ -281,6 +309,7 @@ class SpeculativeDecoding(Strategy):
             "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
             "draft_quant": draft_label(self.spec, self.dense_spec),
             "draft_bits_per_weight": round(self.spec.bits_per_weight(), 3),
+            "draft_noise": self.draft_noise,
             "draft_dense_bits": self.dense_spec.bits if self.dense_spec else 16,
             "draft_device_bytes": self.draft_bytes(self.engine),
             "acceptance_rate": self.accepted / self.proposed if self.proposed else None,

@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 
 K_CHOICES = tuple(range(0, 33, 2))  # 0, 2, …, 32
+HAZARD_PRIOR = 8.0  # windows' worth of the geometric hazard in each depth's pooled hazard (a few lucky deep windows
+# in the seed must not promise long runs: at 0.86 agreement they made the forecast 11 tokens per window, not 6)
 RATIO_MEMORY = 0.85  # weight of a depth's earlier windows in its realised/modelled ratio at each new one
 
 
@@ -100,7 +102,8 @@ class Governor:
         for j in range(1, k + 1):
             lo = min(j, deepest)  # beyond what was seen: the hazard pooled over the deepest positions seen
             risk, fail = sum(self.at_risk[lo:deepest + 1]), sum(self.failed[lo:deepest + 1])
-            prior_hazard = (fail + 1 - self.acceptance) / (risk + 1) if deepest else 1 - self.acceptance
+            geometric = 1 - self.acceptance  # where few windows went this deep, the geometric hazard weighs most
+            prior_hazard = (fail + HAZARD_PRIOR * geometric) / (risk + HAZARD_PRIOR) if deepest else geometric
             hazard = (self.failed[j] + weight * prior_hazard) / (self.at_risk[j] + weight)
             survive *= 1 - hazard
             tokens += survive
@@ -183,6 +186,21 @@ class Governor:
         tokens = min(self.expected_tokens(k), costs.remaining)
         return WindowForecast(k, (draft_s + compute + misses * self.miss_s()) * self.bias(k), tokens, misses)
 
+    def plain_step_s(self, costs, uncovered: float) -> float:
+        """Seconds per token of plain decoding (one token per forward, no draft) over a cache that misses a share
+        ``uncovered`` of the routed experts — what dropping the draft would give. Priced by the cost model, not by
+        the windows' fitted miss cost (a window's misses queue behind each other; a plain step's few do not): per
+        layer, ``j`` of the ``top_k`` experts miss with binomial probability; the device computes the ``k - j``
+        cached ones while the ``j`` misses are split between the host and the link (a fetched one then computed on
+        the device), and the layer takes as long as the slowest of the three."""
+        k, q = self.shape.top_k, min(1.0, max(0.0, uncovered))
+        host, fetch, device = costs.host_miss_s(), costs.fetch_miss_s(), costs.device_expert_s()
+        expected = 0.0
+        for j in range(k + 1):
+            split = min(max(p * fetch, (j - p) * host, (k - j) * device) for p in range(j + 1))
+            expected += math.comb(k, j) * q ** j * (1 - q) ** (k - j) * split
+        return costs.verify_s(1, 0.0) + self.shape.moe_layers * expected
+
     def choose(self, remaining: int, costs) -> tuple[WindowForecast, list[WindowForecast]]:
         """The cheapest forecast per emitted token among depths that do not overshoot ``remaining`` tokens (K=0
         always allowed), and every forecast made."""
@@ -220,6 +238,21 @@ class WindowCosts:
         per_expert = max(1, round(n_tokens * e.top_k / max(union, 1.0)))
         layer = c.layer_s(n_tokens) + union * c.expert_s(per_expert)
         return self.dense_layers * c.layer_s(n_tokens, moe=False) + e.num_layers * layer + c.head_s(n_tokens)
+
+    def host_miss_s(self) -> float:
+        """One missed expert of a plain step on the host, the link idle as it mostly is in plain decoding (inf
+        without a host path)."""
+        if not self.host:
+            return float("inf")
+        return self.costs.model.host_expert_seconds(1, self.engine.host_threads)
+
+    def device_expert_s(self) -> float:
+        """One cached expert computed on the device for one token."""
+        return self.costs.expert_s(1)
+
+    def fetch_miss_s(self) -> float:
+        """One missed expert of a plain step fetched and computed on the device."""
+        return self.costs.copy_s() + self.costs.expert_s(1)
 
     def prior_miss_s(self) -> float:
         copy = self.costs.copy_s()

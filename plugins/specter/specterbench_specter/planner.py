@@ -137,10 +137,14 @@ class LookaheadPlanner:
         chunk = None if bw is None or span <= 0 else max(1, int(bw * span // engine.priced_expert_bytes))
         self.issue(chunk)
 
-    def issue(self, n: int | None = None) -> None:
+    def issue(self, n: int | None = None, from_layer: int = 0) -> None:
+        """Bring in up to ``n`` (None: all) predicted experts not yet planned, earliest needed first, while the cache
+        has room for them; ``from_layer``: only layers from there on (and only their predictions are protected, so
+        that the layers before give their slots)."""
         engine = self.engine
-        protect = self.predicted()
-        for key in self.waiting()[:n]:
+        protect = {key for key in self.predicted() if key[0] >= from_layer}
+        waiting = [key for key in self.waiting() if key[0] >= from_layer]
+        for key in waiting[:n]:
             if key in engine.cache:
                 engine.cache.touch(key)
             elif engine.make_room(engine.expert_bytes, protect=protect, needed=key) and engine.prefetch(

@@ -33,7 +33,11 @@ from .governor import K_CHOICES, Governor, Shape, WindowCosts
 from .planner import LookaheadPlanner, by_layer
 
 HOST_CHOICES = ("auto", "off")
-PLAN_CHOICES = ("lookahead", "off")  # off: no prefetch plan and no draft-guided eviction (the ablation spec-host)
+# the prefetch plan: lookahead = the draft's routing, earliest layer first, as far as the cache allows; aimed = the
+# same, and a verification layer drops the planned copies still queued that the host would finish sooner; rolling =
+# aimed, and each verified layer's slots go to the plan of the layers ahead; off: no plan and no draft-guided
+# eviction (the ablation spec-host)
+PLAN_CHOICES = ("lookahead", "aimed", "rolling", "off")
 EXPLORE_K = (0, 4, 8, 16, 32, 2, 24, 12, 32, 16, 0, 6)  # depths tried on calibration prompts to seed the governor
 
 
@@ -60,7 +64,7 @@ class Specter(SpeculativeDecoding):
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", "plan", "dense_bits", *QuantSpec.OPTIONS)
+        return ("k", "host", "plan", "dense_bits", "draft_noise", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 
@@ -77,7 +81,8 @@ class Specter(SpeculativeDecoding):
     def __init__(self, **options):
         super().__init__(**options)
         self.host_option = str(options.get("host", "auto"))
-        self.plan_on = str(options.get("plan", self.plan_default)) == "lookahead"
+        self.plan = str(options.get("plan", self.plan_default))
+        self.plan_on = self.plan != "off"
         self.explore: list[int] = []
 
     planner = None
@@ -94,19 +99,23 @@ class Specter(SpeculativeDecoding):
         self.forecast = None
         self.predictions: list[tuple[int, float, float]] = []
 
+    calibration = None
+
     def prepare(self, engine, calibration=None):
+        self.calibration = calibration
         self.load_residents(engine, calibration)
         if self.k_option == "auto" and calibration is not None and calibration.prompts:
             from specterbench.plugins.strategy import Request
 
             self.explore = list(EXPLORE_K)
+            self.seeding, self.seed_windows = True, []
             for i, ids in enumerate(calibration.prompts[:2]):  # until every listed depth has had its window
                 if not self.explore:
                     break
                 request = Request(f"governor-seed-{i}", ids, sum(EXPLORE_K) // 2 + 8, decode=calibration.decode)
                 engine.begin_request(request)
                 self.generate(engine, request)
-            self.explore = []
+            self.explore, self.seeding = [], False
             self.maybe_release_draft(engine, calibration)
         self.reset_metrics()
         self.predictions = []
@@ -138,33 +147,74 @@ class Specter(SpeculativeDecoding):
     plain_forecast_ms = spec_forecast_ms = None
 
     def maybe_release_draft(self, engine, calibration) -> None:
-        """After the seed: when plain decoding over the cache the draft's bytes would add to is predicted
-        cheaper per token than the best window with the draft, drop the draft and give its bytes to the cache
-        (``engine.release_device_bytes``); the cell then decodes with K = 0 only. The bigger cache's misses are
-        scaled from the smaller one's by the calibration counts' coverage of the popular experts it holds."""
+        """After the seed: when plain decoding over the cache the draft's bytes would add to is predicted cheaper per
+        token than the best window with the draft, drop the draft and give its bytes to the cache."""
+        self.calibration_counts = sorted(calibration.counts.flatten().tolist(), reverse=True)
         costs = self.window_costs(10**6)
-        g = self.governor
-        g.prior_miss_s = costs.prior_miss_s()
-        spec = min((g.forecast(k, costs) for k in g.choices if k), key=lambda f: f.per_token_s)
-        plain = g.forecast(0, costs)
-        counts = sorted(calibration.counts.flatten().tolist(), reverse=True)
+        self.governor.prior_miss_s = costs.prior_miss_s()
+        spec = min((self.governor.forecast(k, costs) for k in self.governor.choices if k), key=lambda f: f.per_token_s)
+        self.spec_forecast_ms = spec.per_token_s * 1e3
+        # the seed's realised windows: the best depth's time per emitted token (one or two windows a depth, so the
+        # minimum errs towards keeping the draft), in place of the forecast when it is worse
+        by_k: dict = {}
+        for k, seconds, emitted in self.seed_windows:
+            t, n = by_k.get(k, (0.0, 0))
+            by_k[k] = (t + seconds, n + emitted)
+        realised = min((t / n for t, n in by_k.values() if n), default=0.0)
+        if self.draft_loses(max(spec.per_token_s, realised), costs):
+            self.release_draft()
+
+    calibration_counts: list = []
+    recent_windows: list = []  # (seconds, tokens emitted) of the last speculative windows outside the seed
+    seed_windows: list = []  # (K, seconds, tokens emitted) of the seed's speculative windows
+    seeding = False
+    release_votes = 0
+    RELEASE_VOTES = 3  # net windows that must find the draft losing (a winning window takes one vote back)
+    # the draft stays only while its best window is forecast at least this much cheaper per token than plain
+    # decoding without it: the floor (never more than 3% behind the strongest non-speculative strategy) outweighs
+    # the last few percent of a draft near break-even, and the forecasts err by about this much
+    RELEASE_MARGIN = 0.05
+
+    def draft_loses(self, spec_per_token_s: float, costs) -> bool:
+        """Whether speculation, by the realised time per emitted token of the recent windows with the draft (its
+        forecast before there are enough), is not ``RELEASE_MARGIN`` cheaper than plain decoding without it."""
+        recent = self.recent_windows[-self.RECENT:]
+        if len(recent) >= 3:
+            spec_per_token_s = sum(s for s, _ in recent) / sum(n for _, n in recent)
+            self.spec_realised_ms = spec_per_token_s * 1e3
+        return spec_per_token_s * (1 + self.RELEASE_MARGIN) > self.plain_without_draft_s(costs)
+
+    RECENT = 8  # speculative windows whose realised time per token the release decision reads
+    ROUTED_ENOUGH = 500  # routed (token, expert) pairs of the run before its own coverage replaces the calibration's
+    routed_total = routed_covered = 0
+    big_residents = 0  # residents plain decoding would keep once the draft's bytes are cache
+    spec_realised_ms = None
+
+    def plain_without_draft_s(self, costs) -> float:
+        """Per token, plain decoding once the draft's bytes are cache: the calibration set's most popular experts
+        resident in every slot but one layer's top-k (as :meth:`load_residents` would place them), the rest missed
+        and placed on the host or fetched (:meth:`Governor.plain_step_s`)."""
+        counts = self.calibration_counts
         total = sum(counts) or 1
-        extra = self.draft.nbytes // engine.expert_bytes
-        small = max(0, self.slots - engine.top_k)
+        e = self.engine
+        slots = (e.cache.capacity_bytes + self.draft_bytes(e)) // e.expert_bytes
+        self.big_residents = max(0, slots - e.top_k)
+        uncovered = 1 - sum(counts[:self.big_residents]) / total
+        if self.routed_total >= self.ROUTED_ENOUGH:  # the run's own routing, once enough of it has been seen
+            uncovered = 1 - self.routed_covered / self.routed_total
+        self.plain_forecast_ms = self.governor.plain_step_s(costs, uncovered) * 1e3
+        return self.plain_forecast_ms / 1e3
 
-        def uncovered(n):
-            return max(1e-9, 1 - sum(counts[:n]) / total)
-
-        miss_part = plain.misses * g.miss_s() * g.bias(0)
-        plain_big = plain.window_s - miss_part * (1 - uncovered(small + extra) / uncovered(small))
-        self.plain_forecast_ms, self.spec_forecast_ms = plain_big * 1e3, spec.per_token_s * 1e3
-        if plain_big >= spec.per_token_s:
-            return
+    def release_draft(self) -> None:
+        """Drop the draft (``engine.release_device_bytes``): its bytes become cache, filled with the next most
+        popular experts; the cell decodes with K = 0 from here on."""
+        engine = self.engine
         engine.release_device_bytes(self.draft_bytes(engine))
         self.draft_released = True
         self.k_option, self.k = 0, 0
         self.slots = engine.cache.capacity_bytes // engine.expert_bytes
-        self.load_residents(engine, calibration)
+        if self.calibration is not None:
+            self.load_residents(engine, self.calibration)
 
     # ---- the governor ------------------------------------------------------------------------------
     def window_costs(self, remaining: int) -> WindowCosts:
@@ -172,8 +222,11 @@ class Specter(SpeculativeDecoding):
                            self.draft.kernel,
                            self.dense.kernel if self.dense is not None else self.engine.precision.dense_kernel)
 
+    window_in_tail = False
+
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
+        self.window_in_tail = remaining <= max(self.governor.choices) + 1
         costs = self.window_costs(remaining)
         if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are
             self.governor.prior_miss_s = costs.prior_miss_s()
@@ -183,6 +236,14 @@ class Specter(SpeculativeDecoding):
         if self.explore:  # seeding on a calibration prompt: take the listed depth, still forecast it
             k = min(self.explore.pop(0), remaining)
             best = next((f for f in forecasts if f.k == k), None) or self.governor.forecast(k, costs)
+        elif self.calibration_counts and remaining > 1:  # the floor: drop a draft that loses to plain decoding
+            spec = min((f.per_token_s for f in forecasts if f.k), default=float("inf"))
+            self.spec_forecast_ms = spec * 1e3
+            self.release_votes = (self.release_votes + 1 if self.draft_loses(spec, costs)
+                                  else max(0, self.release_votes - 1))
+            if self.release_votes >= self.RELEASE_VOTES:
+                self.release_draft()
+                best = self.governor.forecast(0, costs)
         self.forecast = best
         return best.k
 
@@ -198,6 +259,10 @@ class Specter(SpeculativeDecoding):
         super().end_window(k, emitted, window_s)
         if k:
             self.governor.observe_acceptance(k, self.accepted_lengths[-1])
+            if not self.explore and not self.seeding and not self.window_in_tail:  # a request's tail: K cut short
+                self.recent_windows = (self.recent_windows + [(window_s, emitted)])[-self.RECENT:]
+            elif self.seeding:
+                self.seed_windows.append((k, window_s, emitted))
         if self.forecast is not None:
             misses = self.engine.stats.misses - self.window_misses0
             self.governor.observe_window(self.forecast, window_s, misses)
@@ -219,7 +284,16 @@ class Specter(SpeculativeDecoding):
         super().before_layer(layer, experts, tokens_per_expert)
         if self.verifying:
             self.verify_layer = layer
+            if self.plan in ("aimed", "rolling") and self.host_path:
+                self.drop_late_copies(layer, experts, tokens_per_expert)
         plain = self.window_k == 0 and getattr(self, "step_tokens", 0) == 1
+        if (self.verifying or plain) and not self.draft_released and self.popularity:
+            # how much of the run's own routing the residents of plain decoding without the draft would cover
+            limit = self.big_residents
+            for e, n in zip(experts, tokens_per_expert):
+                self.routed_total += n
+                if self.popularity.get((layer, e), limit) < limit:
+                    self.routed_covered += n
         if self.verifying or plain:
             cache, issued = self.engine.cache, self.planner.issued
             keys = [(layer, e) for e in experts]
@@ -227,6 +301,29 @@ class Specter(SpeculativeDecoding):
             predicted = sum(1 for k in keys if k in issued)
             n = self.window_k + 1
             self.governor.observe_layer(n, len(keys), before, predicted)
+
+    def drop_late_copies(self, layer, experts, tokens_per_expert) -> None:
+        """Aim the plan at what the host cannot do in time: a planned copy of this layer still queued (not on the
+        link) is dropped when the host, its queue counted, would finish the expert before the copy would land as a
+        demand fetch; the expert is then a miss the hybrid rule places."""
+        e, c = self.engine, self.engine.costs
+        host_s = c.host_backlog_s()
+        for expert, n in zip(experts, tokens_per_expert):
+            key = (layer, expert)
+            if key not in self.planner.issued or e.landed(key):
+                continue
+            host = host_s + c.host_expert_s(n)
+            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n) and e.cancel(key):
+                self.planner.issued.discard(key)
+                self.dropped_copies += 1
+                host_s = host
+
+    dropped_copies = 0
+
+    def after_layer(self, layer, experts):
+        super().after_layer(layer, experts)
+        if self.verifying and self.plan == "rolling" and layer + 1 < self.engine.num_layers:
+            self.planner.issue(None, from_layer=layer + 1)  # the passed layers' slots serve the layers ahead
 
     def place_miss(self, key, n_tokens):
         """Hybrid verification: the host when it is predicted to finish first, its own queue counted."""
@@ -267,8 +364,9 @@ class Specter(SpeculativeDecoding):
         m = super().metrics()
         g = self.governor
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
-                  "speculative_forecast_ms_per_token": self.spec_forecast_ms})
-        m.update({"k": self.k_option, "plan": "lookahead" if self.plan_on else "off",
+                  "speculative_forecast_ms_per_token": self.spec_forecast_ms,
+                  "speculative_realised_ms_per_token": self.spec_realised_ms})
+        m.update({"k": self.k_option, "plan": self.plan, "plan_copies_dropped": self.dropped_copies,
                   "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
                   "governor_miss_ms": round(g.miss_s() * 1e3, 4)})

@@ -69,3 +69,31 @@ def test_union_grows_as_observed():
         g.observe_layer(9, 2 * 9, 0, 0)  # nine tokens, all different experts: γ = 1
     assert g.union(9) == pytest.approx(16, abs=1.0)  # capped at E
     assert g.gamma > 0.9
+
+
+class PlainCosts(FlatCosts):
+    def __init__(self, host_s, fetch_s, device_s=0.1, **kw):
+        super().__init__(**kw)
+        self.host, self.fetch, self.device = host_s, fetch_s, device_s
+
+    def host_miss_s(self):
+        return self.host
+
+    def fetch_miss_s(self):
+        return self.fetch
+
+    def device_expert_s(self):
+        return self.device
+
+
+def test_plain_step_splits_a_layers_misses_between_host_and_link_beside_the_device():
+    g = governor()  # top-2, 4 MoE layers
+    costs = PlainCosts(host_s=1.0, fetch_s=3.0)
+    base = costs.verify_s(1, 0.0)  # dense layers and head
+    assert g.plain_step_s(costs, 0.0) == pytest.approx(base + 4 * 0.2)  # both experts cached: the device
+    # every expert misses: both on the host (2 s) beats one each way (3 s)
+    assert g.plain_step_s(costs, 1.0) == pytest.approx(base + 4 * 2.0)
+    # half miss: P(0) = 0.25 -> 0.2 s, P(1) = 0.5 -> 1 s (the host, beside the device's 0.1 s), P(2) = 0.25 -> 2 s
+    assert g.plain_step_s(costs, 0.5) == pytest.approx(base + 4 * (0.25 * 0.2 + 0.5 * 1.0 + 0.25 * 2.0))
+    no_host = PlainCosts(host_s=float("inf"), fetch_s=3.0)
+    assert g.plain_step_s(no_host, 1.0) == pytest.approx(base + 4 * 6.0)

@@ -225,3 +225,32 @@ def test_the_draft_goes_back_to_the_cache_when_plain_decoding_is_predicted_cheap
     assert strategy.draft_released and strategy.k == 0
     assert engine.cache.capacity_bytes == budget
     assert strategy.metrics()["draft_released"] is True
+
+
+def test_draft_noise_degrades_the_draft_and_stays_lossless(host, small_prompts, tmp_path):
+    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+
+    def run(noise, out):
+        cfg = BenchConfig(models=("tiny-random-mixtral",), strategies=("specter",), budgets=(parse_budget("60%"),),
+                          profile="a100-40g-pcie4", prompts=1, tokens=24,
+                          strategy_options={"specter": {"k": 4, "draft_noise": noise}})
+        (row,) = Runner(host, cfg, out).run()
+        assert row.status == "ok" and row.lossless, row.error
+        return row.extra["acceptance_rate"]
+
+    assert run(0.9, tmp_path / "noisy") < run(0.0, tmp_path / "clean")
+
+
+def test_a_draft_that_loses_to_plain_decoding_is_dropped_during_the_run():
+    """The floor: when the windows' forecast per token is worse than plain decoding over the cache the draft's bytes
+    would join, for a few windows in a row, the draft goes and the cell decodes plainly (K = 0)."""
+    engine = engine_for()
+    engine.geometry = project(engine.own_geometry, "mixtral")
+    strategy = Specter()
+    configure(engine, strategy, 0.6)
+    strategy.calibration_counts = [1] * (engine.num_layers * engine.num_experts)
+    for _ in range(200):  # a draft whose proposals are always rejected
+        strategy.governor.observe_acceptance(8, 0)
+    ks = [strategy.choose_k(100) for _ in range(Specter.RELEASE_VOTES)]
+    assert strategy.draft_released and ks[-1] == 0
+    assert engine.cache.capacity_bytes == int(0.6 * engine.total_expert_bytes)
