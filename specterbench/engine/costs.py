@@ -14,7 +14,7 @@ call                                   meaning
 =====================================  ===========================================================================
 ``copy_s()``                           one expert copy host→device on an idle link (latency + bytes / bandwidth)
 ``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized,
-                                       run by ``kernel=`` (:mod:`~specterbench.engine.kernels`), else the
+                                       run by ``kernel=`` (:mod:`~specterbench.engine.lowbit`), else the
                                        uniform kernel of that many bits per weight)
 ``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
                                        (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
@@ -39,7 +39,7 @@ call                                   meaning
 
 Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device op costs ``launches · launch_us +
 max(flops / flops_per_s, bytes / (mem_bytes_per_s · efficiency), dequant ops / alu_ops_per_s)``, where a low-bit
-kernel's efficiency and dequantization instructions per weight come from :mod:`specterbench.engine.kernels` (16-bit:
+kernel's efficiency and dequantization instructions per weight come from :mod:`specterbench.engine.lowbit` (16-bit:
 1 and 0); a copy ``link_latency_us + bytes / link_bytes_per_s``; a host
 expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes / DRAM share)``
 plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``), where the DRAM share
@@ -53,7 +53,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from specterbench.engine.geometry import Geometry
-from specterbench.engine.kernels import BF16, LowBitKernel, kernel_for_ratio
+from specterbench.engine.lowbit import BF16, LowBitKernel, kernel_for_ratio
 from specterbench.engine.profiles import HardwareProfile, HostProfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,7 +63,7 @@ if TYPE_CHECKING:  # pragma: no cover
 class Op(NamedTuple):
     """One device operation as the clock charges it: ``clock.compute(*op)``. A low-bit kernel's op carries its
     dequantization instructions and the achieved bandwidth efficiency of the bytes it reads (byte-weighted over its
-    low-bit and 16-bit parts; :mod:`specterbench.engine.kernels`)."""
+    low-bit and 16-bit parts; :mod:`specterbench.engine.lowbit`)."""
 
     flops: float
     nbytes: float

@@ -36,7 +36,7 @@ from torch import nn
 from specterbench.engine import packing
 from specterbench.engine.costs import Op
 from specterbench.engine.geometry import PRICED_DTYPE_BYTES
-from specterbench.engine.kernels import BF16, INT4_TORCH, kernel_for
+from specterbench.engine.lowbit import BF16, INT4_TORCH, kernel_for
 from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
 
@@ -174,7 +174,7 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 
 def price_kernel(kernels, spec: QuantSpec):
-    """The :class:`~specterbench.engine.kernels.LowBitKernel` that prices weights run by ``kernels`` (the names
+    """The :class:`~specterbench.engine.lowbit.LowBitKernel` that prices weights run by ``kernels`` (the names
     :class:`~specterbench.engine.packing.PackedWeight` reports): torch's int4 mm and bitsandbytes' 4-bit gemv at
     their measured efficiency; a weight dequantized into the 16-bit scratch is a 16-bit GEMM, its unpacking paid as
     the scratch's write and read (in the caller's bytes) and the dequantization's launches."""

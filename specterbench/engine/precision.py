@@ -14,7 +14,7 @@ and a ``bits``-bit zero per group), and ``--dense-bits 16|8|4`` its attention, s
 - **A self-draft must sit below the target**: a speculative strategy whose draft has as many bits as the target's
   experts (or more) refuses in one line.
 
-Prices: the target's experts and dense weights run with their format's kernel (:func:`specterbench.engine.kernels.
+Prices: the target's experts and dense weights run with their format's kernel (:func:`specterbench.engine.lowbit.
 kernel_for`), at their stored bytes over 16-bit, as drafts do.
 
 Where the weights live: the engine keeps the quantized values in the compute dtype (host RAM on a CPU run; the
@@ -106,15 +106,15 @@ class Precision:
 
     @property
     def expert_kernel(self):
-        """The low-bit kernel the target's experts run with (:func:`specterbench.engine.kernels.kernel_for`)."""
-        from specterbench.engine.kernels import kernel_for
+        """The low-bit kernel the target's experts run with (:func:`specterbench.engine.lowbit.kernel_for`)."""
+        from specterbench.engine.lowbit import kernel_for
 
         return None if self.expert_spec is None else kernel_for(self.expert_spec)
 
     @property
     def dense_kernel(self):
         """The low-bit kernel the target's dense weights run with; None at 16 bits."""
-        from specterbench.engine.kernels import kernel_for
+        from specterbench.engine.lowbit import kernel_for
 
         return None if self.dense_spec is None else kernel_for(self.dense_spec)
 

@@ -28,7 +28,7 @@ class HardwareProfile:
     device_memory_bytes: int
     sources: tuple[str, ...]
     # CUDA-core 32-bit instruction throughput actually reachable, for low-bit kernels' dequantization
-    # (:mod:`specterbench.engine.kernels`); 0: not stated, priced at flops_per_s / 16 (the A100's CUDA-core to
+    # (:mod:`specterbench.engine.lowbit`); 0: not stated, priced at flops_per_s / 16 (the A100's CUDA-core to
     # tensor-core ratio, 19.5 vs 312 TFLOP/s)
     alu_ops_per_s: float = 0.0
 

@@ -187,7 +187,7 @@ class Strategy:
     def substitute(self, key: ExpertKey):
         """Weights to compute a missed expert with instead of fetching it: ``((gate_up, down), bytes_ratio)`` or
         ``((gate_up, down), bytes_ratio, kernel)``: ``bytes_ratio`` is the substitute's bytes over the full expert's
-        and ``kernel`` the :class:`~specterbench.engine.kernels.LowBitKernel` it runs with (for the modeled clock;
+        and ``kernel`` the :class:`~specterbench.engine.lowbit.LowBitKernel` it runs with (for the modeled clock;
         without one, the uniform kernel of that many bits per weight)."""
         raise NotImplementedError(f"strategy {self.name!r} returned SUBSTITUTE without a substitute()")
 
