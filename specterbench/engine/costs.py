@@ -16,6 +16,7 @@ call                                   meaning
 ``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized)
 ``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
                                        (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
+``experts_grouped_s(tokens)``          a layer's device experts as the engine runs them: one grouped op
 ``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert);
                                        ``bytes_ratio=`` < 1 prices a draft's low-bit copy of its weights
 ``head_s(rows=1)``                     the output head over ``rows`` positions (``bytes_ratio=`` as above)
@@ -34,6 +35,9 @@ call                                   meaning
 ``host_threads_available``             host threads the clock models or the machine has (int)
 =====================================  ===========================================================================
 
+Launches: every op's launch count comes from the engine's description of the kernels it launches
+(:class:`~specterbench.engine.kernels.KernelCounts`, ``CostModel.kernels``; the engine counts its model's own).
+
 Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device op costs ``launches · launch_us +
 max(flops / flops_per_s, bytes / mem_bytes_per_s)``; a copy ``link_latency_us + bytes / link_bytes_per_s``; a host
 expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes /
@@ -46,6 +50,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from specterbench.engine.geometry import Geometry
+from specterbench.engine.kernels import DEFAULT_KERNELS, KernelCounts
 from specterbench.engine.profiles import HardwareProfile, HostProfile
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,10 +76,15 @@ class HostOp(NamedTuple):
 class CostModel:
     """Prices of every operation at a geometry on a hardware profile (and a host profile for host experts)."""
 
-    def __init__(self, profile: HardwareProfile, geometry: Geometry, host: HostProfile | None = None):
+    def __init__(self, profile: HardwareProfile, geometry: Geometry, host: HostProfile | None = None,
+                 kernels: KernelCounts = DEFAULT_KERNELS):
         self.profile = profile
         self.geometry = geometry
         self.host = host
+        self.kernels = kernels  # launches per op: the engine's own description (``Engine._bind`` sets its model's)
+
+    def _launches(self, per_layer: int) -> int:
+        return round(per_layer * self.geometry.layer_scale)
 
     # ---- what an operation is (FLOPs, bytes, launches) ----------------------------------------------
     def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0) -> Op:
@@ -86,24 +96,40 @@ class CostModel:
         kv_bytes = 2 * context * g.kv_heads * g.head_dim * g.dtype_bytes
         weight_bytes = ((params - router) * bytes_ratio + router) * g.dtype_bytes
         return Op(g.layer_scale * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
-                  g.layer_scale * (weight_bytes + kv_bytes), round(8 * g.layer_scale))
+                  g.layer_scale * (weight_bytes + kv_bytes),
+                  self._launches(self.kernels.moe_layer_dense if moe else self.kernels.dense_layer))
 
     def expert(self, n_tokens: int, bytes_ratio: float = 1.0) -> Op:
         """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's)."""
         g = self.geometry
         return Op(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_bytes * bytes_ratio,
-                  round(3 * g.layer_scale))
+                  self._launches(self.kernels.per_expert))
 
     def experts_fused(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> Op:
-        """One fused kernel over several experts (e.g. a W4A16 draft layer): every expert's weights read once,
-        the launches of one expert."""
+        """A draft layer's routed experts (e.g. a W4A16 draft): every expert's weights read once; the launches the
+        draft's expert path issues (one grouping read plus each expert's, as it runs them today)."""
+        g = self.geometry
+        launches = self.kernels.per_expert_layer + self.kernels.per_expert * len(tokens_per_expert)
+        return Op(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
+                  g.layer_scale * g.expert_bytes * bytes_ratio * len(tokens_per_expert), self._launches(launches))
+
+    def experts_grouped(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0) -> Op:
+        """A layer's device experts as one grouped op over the slot pool (every expert's weights read once, the
+        grouped op's launches whatever the experts and tokens)."""
         g = self.geometry
         return Op(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
-                  g.layer_scale * g.expert_bytes * bytes_ratio * len(tokens_per_expert), round(3 * g.layer_scale))
+                  g.layer_scale * g.expert_bytes * bytes_ratio * len(tokens_per_expert),
+                  self._launches(self.kernels.grouped_experts))
+
+    def sample(self, rows: int) -> Op:
+        """The on-device Gumbel-max sampler over ``rows`` rows of logits: hash, noise, argmax (fp32)."""
+        v = self.geometry.vocab
+        return Op(30 * rows * v, 4 * 6 * rows * v, self.kernels.sample)
 
     def head(self, rows: int, bytes_ratio: float = 1.0) -> Op:
         g = self.geometry
-        return Op(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes * bytes_ratio, 2)
+        return Op(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden * g.dtype_bytes * bytes_ratio,
+                  self.kernels.forward)
 
     def router(self, n_tokens: int) -> Op:
         g = self.geometry
@@ -172,6 +198,9 @@ class CostEstimates:
     def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float = 1.0) -> float:
         return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, bytes_ratio))
 
+    def experts_grouped_s(self, tokens_per_expert: Sequence[int]) -> float:
+        return self.model.op_seconds(*self.model.experts_grouped(tokens_per_expert))
+
     def head_s(self, rows: int = 1, bytes_ratio: float = 1.0) -> float:
         return self.model.op_seconds(*self.model.head(rows, bytes_ratio))
 
@@ -213,4 +242,4 @@ class CostEstimates:
     def _experts_of_a_layer_s(self, n_tokens: int) -> float:
         k, E = self._engine.top_k, self._engine.num_experts
         active = min(E, n_tokens * k)
-        return active * self.expert_s(max(1, round(n_tokens * k / active)))
+        return self.experts_grouped_s([max(1, round(n_tokens * k / active))] * active)

@@ -22,6 +22,8 @@ from specterbench.engine.cache import DeviceCache
 from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.geometry import Geometry, geometry_from_config
+from specterbench.engine.kernels import DEFAULT_KERNELS, count_model_launches
+from specterbench.engine.pool import SlotPool
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
@@ -67,6 +69,7 @@ class Engine(CacheControl):
     def __init__(self, model: nn.Module, *, name: str, device: str | torch.device = "cpu",
                  tokenizer=None, geometry: Geometry | None = None, store_dtype: torch.dtype = torch.bfloat16):
         self.name = name
+        self.kernels = DEFAULT_KERNELS  # until this model's own are counted (end of __init__)
         self.device = torch.device(device)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -84,6 +87,7 @@ class Engine(CacheControl):
         self.num_experts = self.store.num_experts
         self.top_k = self.own_geometry.top_k
         self.cache: DeviceCache | None = None
+        self.pool: SlotPool | None = None  # the cache's expert slots on the device (made per cell)
         self.clock: Clock = self._bind(HostWallClock())
         self.costs = CostEstimates(self)  # estimates for strategies, in seconds (see specterbench.engine.costs)
         self.strategy: Strategy | None = None
@@ -104,6 +108,8 @@ class Engine(CacheControl):
         self._budget_bytes = self._device_bytes_left = 0
         self._pending: set = set()
         self._mark = (0.0, 0.0, 0.0)
+        self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
+        self.clock.costs.kernels = self.kernels
 
     # ---- sizes -------------------------------------------------------------------------------------
     @property
@@ -152,6 +158,7 @@ class Engine(CacheControl):
                 f"strategy {strategy.name!r} keeps on the device; it needs at least {need + extra} bytes "
                 f"({(need + extra) / self.total_expert_bytes:.1%} of expert bytes)")
         self.cache = DeviceCache(cache_bytes)
+        self.pool = self._new_pool(cache_bytes)
         self._budget_bytes, self._device_bytes_left = int(budget_bytes), int(extra)
         self.clock = self._bind(clock)
         self.strategy = strategy
@@ -170,11 +177,19 @@ class Engine(CacheControl):
                                   f"charged device bytes not yet released")
         self._device_bytes_left -= nbytes
         self.cache.capacity_bytes = min(self._budget_bytes, self.cache.capacity_bytes + nbytes)
+        self.pool.grow(self.cache.capacity_bytes // self.expert_bytes)
+
+    def _new_pool(self, cache_bytes: int) -> SlotPool:
+        """The slot pool of a cell's cache: as many expert slots as its bytes hold."""
+        gate_up, down = self.store.weights[(0, 0)]
+        return SlotPool(cache_bytes // self.expert_bytes, gate_up.shape, down.shape, self.num_layers,
+                        self.num_experts, self.compute_dtype, self.device)
 
     def _bind(self, clock: Clock) -> Clock:
         """A measured clock made without prices gets the default profile's at this engine's geometry."""
         if clock.costs is None:
             clock.costs = CostModel(BUILTIN_PROFILES[0], self.geometry, BUILTIN_HOST_PROFILES[0])
+        clock.costs.kernels = self.kernels  # the launches this engine issues
         return clock
 
     def begin_warmup(self) -> None:
@@ -217,7 +232,9 @@ class Engine(CacheControl):
             with dense if dense is not None else contextlib.nullcontext():
                 out = self.model(input_ids=input_ids.to(self.device), cache=kv, use_cache=True,
                                  logits_to_keep=0 if all_logits else 1)
-            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio))
+            rows = out.logits.shape[1]
+            self.clock.compute(*self.clock.costs.head(rows, self.dense_ratio))
+            self.clock.compute(*self.clock.costs.sample(rows))  # each returned row is picked once, on the device
         finally:
             self.expert_override = None
             self.dense_ratio = 1.0
@@ -303,9 +320,9 @@ class Engine(CacheControl):
         self.host_placed_s = 0.0
         elsewhere = moe_layer.place(self, layer, groups)
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
-        moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
+        on_device = moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
         moe_layer.join_host(self, jobs, hidden, outputs)
-        out = moe_layer.combine(hidden, groups, outputs)
+        out = moe_layer.combine(hidden, groups, on_device, outputs)
         self.strategy.after_layer(layer, groups.experts)
         self._pending = set()
         return out

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 from typing import Collection
 
-import torch
-
 from specterbench.engine.cache import Candidates, ExpertKey, PrefetchResult, Slot
 from specterbench.errors import EngineViolation
 
 
 class CacheControl:
-    """Mixed into the engine: needs ``cache``, ``clock``, ``store``, ``strategy``, ``stats``, ``device``,
-    ``compute_dtype``, ``expert_bytes`` and ``priced_expert_bytes``."""
+    """Mixed into the engine: needs ``cache``, ``pool`` (:class:`~specterbench.engine.pool.SlotPool`), ``clock``,
+    ``store``, ``strategy``, ``stats``, ``device``, ``expert_bytes`` and ``priced_expert_bytes``."""
 
     def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
         """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
@@ -38,7 +36,7 @@ class CacheControl:
             return False
         self.stats.prefetch_cancelled += 1
         self._unledger(slot)
-        self.cache.remove(key)
+        self._drop(key)
         return True
 
     def evict(self, key: ExpertKey) -> None:
@@ -53,7 +51,7 @@ class CacheControl:
             self._unledger(slot)
         elif slot.prefetched and not slot.used:
             self.stats.prefetch_wasted += 1
-        self.cache.remove(key)
+        self._drop(key)
 
     def candidates(self, protect: Collection[ExpertKey] = ()) -> Candidates:
         """Cached experts that may be evicted now (not in use, not on the link, not in ``protect``), least
@@ -61,6 +59,7 @@ class CacheControl:
         excluded = set(protect) if protect else set()
         if self.cache.in_use is not None:
             excluded.add(self.cache.in_use)
+        excluded |= self.cache.busy
         for t in self.clock.in_flight():
             excluded.add(t.key)
         return Candidates(self.cache, excluded)
@@ -123,14 +122,18 @@ class CacheControl:
         if not self.make_room(self.expert_bytes, protect=protect, needed=key, force=force):
             return None
         src = self.store.weights[key]
-        dst = tuple(torch.empty(w.shape, dtype=self.compute_dtype, device=self.device) for w in src)
+        pool = self.pool
+        slot = Slot(key, self.expert_bytes, None, None, prefetched)
+        slot.index = pool.take(key, slot)
+        slot.weights = dst = pool.weights(slot.index)  # views of the pool's rows: (gate_up [2I, H], down [H, I])
 
-        def copy():  # run by the clock when the copy starts (measured) or at once (modeled)
+        def copy(i=slot.index):  # run by the clock when the copy starts (measured) or at once (modeled)
+            pool.wait_reuse(i)  # the slot's previous readers on the compute stream are done
             for d, w in zip(dst, src):
                 d.copy_(w, non_blocking=True)
 
-        transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
-        self.cache.insert(Slot(key, self.expert_bytes, dst, transfer, prefetched))
+        slot.transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
+        self.cache.insert(slot)
         moved = self.store.expert_bytes  # the link ledger: what crosses the link (the cache charges expert_bytes)
         self.stats.h2d_bytes += moved
         if prefetched:
@@ -138,7 +141,12 @@ class CacheControl:
             self.stats.prefetch_bytes += moved
         else:
             self.stats.demand_bytes += moved
-        return self.cache.get(key)
+        return slot
+
+    def _drop(self, key: ExpertKey) -> None:
+        """Take ``key`` out of the cache and give its pool slot back."""
+        slot = self.cache.remove(key)
+        self.pool.release(key, slot.index)
 
     def _unledger(self, slot: Slot) -> None:
         moved = self.store.expert_bytes
