@@ -21,6 +21,7 @@ from specterbench.engine import moe_layer
 from specterbench.engine.cache import DeviceCache
 from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
+from specterbench.engine.fused import fuse_rms_norms
 from specterbench.engine.geometry import Geometry, geometry_from_config
 from specterbench.engine.kernels import DEFAULT_KERNELS, count_model_launches
 from specterbench.engine.pool import SlotPool
@@ -81,6 +82,7 @@ class Engine(CacheControl):
             block.experts = OffloadedExperts(self, layer, block.experts.act_fn)
         self.gates = [router_of(block) for block in blocks]  # routers, for strategies that predict ahead
         self.model.to(self.device)
+        self.fused_norms = fuse_rms_norms(self.model)  # RMSNorms as one kernel each (engine.fused)
         self.own_geometry = geometry_from_config(model.config, name, len(blocks))
         self.geometry = geometry or self.own_geometry
         self.num_layers = len(blocks)
