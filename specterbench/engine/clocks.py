@@ -35,6 +35,7 @@ class ClockTotals:
     stall_s: float = 0.0
     stalls: int = 0
     host_busy_s: float = 0.0  # host CPU computing experts (cpu-experts)
+    launches: int = 0  # kernel launches the compute stream was charged (the engine's kernel description)
 
 
 @dataclass(slots=True, eq=False)
@@ -284,6 +285,7 @@ class ModeledClock(_Backlog):
         dt = self.costs.op_seconds(flops, nbytes, launches)
         self.now_s += dt
         self.totals.compute_busy_s += dt
+        self.totals.launches += launches
         return dt
 
     # ---- host compute (a third resource) -------------------------------------------------------------

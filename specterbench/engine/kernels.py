@@ -25,6 +25,7 @@ aten = torch.ops.aten
 
 #: ops that allocate or re-describe memory without launching a kernel
 _NOT_KERNELS = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+                          aten.empty_like.default,
                           aten.new_empty_strided.default, aten.lift_fresh.default, aten.resize_.default,
                           aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor})
 
