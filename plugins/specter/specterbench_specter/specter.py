@@ -86,6 +86,7 @@ class Specter(SpeculativeDecoding):
         self.host_calls = self.fetch_calls = 0
         self.forecast = None
         self.predictions: list[tuple[int, float, float]] = []
+        self.transients: dict = {}  # cached experts that are not residents, as far as this strategy has seen
 
     def prepare(self, engine, calibration=None):
         self.load_residents(engine, calibration)
@@ -116,11 +117,13 @@ class Specter(SpeculativeDecoding):
         self.popularity = {divmod(i, engine.num_experts): rank for rank, i in enumerate(order)}  # 0: most used
         n = max(0, self.slots - engine.top_k)
         self.residents = {divmod(i, engine.num_experts) for i in order[:n]}
+        self.residents_by_unpopularity = [divmod(i, engine.num_experts) for i in reversed(order[:n])]
         for key in sorted(self.residents):
             if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=self.residents, needed=key):
                 engine.prefetch(key)
 
     residents: frozenset = frozenset()
+    residents_by_unpopularity: tuple = ()
     draft_released = False
     plain_forecast_ms = spec_forecast_ms = None
 
@@ -225,18 +228,42 @@ class Specter(SpeculativeDecoding):
     verify_layer = -1
 
     def choose_victim(self, candidates, needed):
+        victim = self._victim(candidates)
+        if needed is not None and needed not in self.residents:
+            self.transients[needed] = None  # about to be fetched: a transient from now on
+        return victim
+
+    def _victim(self, candidates):
+        """Unpredicted transients least recently used first, then unpredicted residents least popular first, then
+        experts of layers the verification has passed; without scanning the cache (the transients are tracked as
+        their copies land, the residents are walked in popularity order and the walk stops at the first fit)."""
         predicted = self.window_draft
-        unpredicted = [k for k in candidates if k[1] not in predicted.get(k[0], ())]
-        transient = [k for k in unpredicted if k not in self.residents]
-        if transient:  # least recently used first
-            return transient[0]
-        if unpredicted:  # residents the window does not need: least popular first
-            return max(unpredicted, key=lambda k: self.popularity.get(k, 0))
-        done = [k for k in candidates if k[0] < self.verify_layer]  # layers the verification has passed
-        if done:
-            return done[0]
+        cache = self.engine.cache
+
+        def unpredicted(k):
+            return k[1] not in predicted.get(k[0], ())
+
+        best = None
+        for k in list(self.transients):
+            if k not in cache:
+                del self.transients[k]
+            elif k in candidates and unpredicted(k) and (best is None or cache.recency(k) < cache.recency(best)):
+                best = k
+        if best is not None:  # least recently used first
+            return best
+        for k in self.residents_by_unpopularity:  # residents the window does not need: least popular first
+            if k in candidates and unpredicted(k):
+                return k
+        done = next((k for k in candidates if k[0] < self.verify_layer), None)  # layers the verification passed
+        if done is not None:
+            return done
         # all predicted and still ahead: give up the one needed last (latest layer, fewest draft tokens)
         return max(candidates, key=lambda k: (k[0], -predicted[k[0]][k[1]]))
+
+    def on_copy_landed(self, key):
+        super().on_copy_landed(key)
+        if key not in self.residents:
+            self.transients[key] = None
 
     def predicted(self):
         return by_layer(self.planner.planned)
