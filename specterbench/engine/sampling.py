@@ -121,10 +121,10 @@ def _weyl(vocab: int, device) -> torch.Tensor:
 
 
 def gumbel_noise(seed: int, request_id: str, positions, vocab: int, device="cpu") -> torch.Tensor:
-    """Gumbel(0, 1) noise [V] for one absolute position (an int), [N, V] for N ``positions`` (float32, on ``device``) of one
-    request: a counter-based stream, ``splitmix64(key(seed, request, position) + v · golden)`` for vocabulary index
-    ``v``, its top 24 bits a uniform ``u``, the noise ``-log(-log(u))`` — integer tensor ops on the logits' device,
-    so every device, pass and strategy draws the same numbers."""
+    """Gumbel(0, 1) noise [V] for one absolute position (an int), [N, V] for N ``positions`` (float32, on
+    ``device``) of one request: a counter-based stream, ``splitmix64(key(seed, request, position) + v · golden)``
+    for vocabulary index ``v``, its top 24 bits a uniform ``u``, the noise ``-log(-log(u))`` — integer tensor ops on
+    the logits' device, so every device, pass and strategy draws the same numbers."""
     noise = _scores(None, seed, request_id, positions, vocab, device)[0]
     return noise[0] if isinstance(positions, int) else noise
 

@@ -254,6 +254,9 @@ class Specter(SpeculativeDecoding):
         for k in self.residents_by_unpopularity:  # residents the window does not need: least popular first
             if k in candidates and unpredicted(k):
                 return k
+        untracked = next((k for k in candidates if unpredicted(k)), None)  # e.g. landed since the last layer
+        if untracked is not None:
+            return untracked
         done = next((k for k in candidates if k[0] < self.verify_layer), None)  # layers the verification passed
         if done is not None:
             return done
