@@ -124,6 +124,8 @@ class CacheControl:
         src = self.store.weights[key]
         pool = self.pool
         slot = Slot(key, self.expert_bytes, None, None, prefetched)
+        if not pool.free:  # the cache's capacity grew past the pool (or a strategy changed it behind our back)
+            pool.grow(max(pool.slots + 1, self.cache.capacity_bytes // self.expert_bytes))
         slot.index = pool.take(key, slot)
         slot.weights = dst = pool.weights(slot.index)  # views of the pool's rows: (gate_up [2I, H], down [H, I])
 
@@ -132,8 +134,12 @@ class CacheControl:
             for d, w in zip(dst, src):
                 d.copy_(w, non_blocking=True)
 
+        try:
+            self.cache.insert(slot)
+        except Exception:
+            pool.release(key, slot.index)
+            raise
         slot.transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
-        self.cache.insert(slot)
         moved = self.store.expert_bytes  # the link ledger: what crosses the link (the cache charges expert_bytes)
         self.stats.h2d_bytes += moved
         if prefetched:
