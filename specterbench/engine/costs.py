@@ -13,7 +13,9 @@ with ``specterbench calibrate``) and the link bandwidth from the copies timed so
 call                                   meaning
 =====================================  ===========================================================================
 ``copy_s()``                           one expert copy host→device on an idle link (latency + bytes / bandwidth)
-``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized)
+``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device, alone (``bytes_ratio`` < 1: low-bit)
+``expert_in_layer_s(n_tokens)``        what one more expert adds to its layer's grouped op (its FLOPs and bytes, no
+                                       launches: the grouped op's launches do not depend on how many experts run)
 ``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
                                        (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
 ``experts_grouped_s(tokens)``          a layer's device experts as the engine runs them: one grouped op
@@ -197,6 +199,10 @@ class CostEstimates:
 
     def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float = 1.0) -> float:
         return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, bytes_ratio))
+
+    def expert_in_layer_s(self, n_tokens: int) -> float:
+        flops, nbytes, _ = self.model.expert(n_tokens)
+        return self.model.op_seconds(flops, nbytes, 0)
 
     def experts_grouped_s(self, tokens_per_expert: Sequence[int]) -> float:
         return self.model.op_seconds(*self.model.experts_grouped(tokens_per_expert))

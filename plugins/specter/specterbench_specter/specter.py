@@ -218,7 +218,7 @@ class Specter(SpeculativeDecoding):
             return FETCH
         c = self.engine.costs
         host = c.host_backlog_s() + c.host_expert_s(n_tokens)
-        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n_tokens)
+        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_in_layer_s(n_tokens)
         if host < fetch:
             self.host_calls += 1
             return ON_HOST
