@@ -10,7 +10,7 @@ from specterbench.baselines import LRU
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import QuantSpec, shared_quantized
 from specterbench.engine.engine import Engine
-from specterbench.engine.kernels import LaunchCounter
+from specterbench.engine.kernels import EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES, LaunchCounter
 from specterbench.engine.models import ROUTING_GEOMETRIES, routing_geometry_random
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.sampling import DecodeSetting
@@ -53,9 +53,11 @@ def decode_step(engine, sampler, kv, token, position, **forward):
     return sampler.pick(logits[-1], position)
 
 
+@pytest.mark.parametrize("mode", ["gathered", "grouped"])
 @pytest.mark.parametrize("tokens", [1, 2, 9, 33])
-def test_the_expert_part_of_a_moe_layer_is_at_most_12_ops_whatever_top_k_and_tokens(engine, tokens):
+def test_the_expert_part_of_a_moe_layer_is_at_most_12_ops_whatever_top_k_and_tokens(engine, tokens, mode):
     configure(engine, AllResident(), engine.total_expert_bytes)
+    engine.pool.mode = mode  # grouped: F.grouped_mm (the GPU's path; it runs on the CPU too, O(slots) per call)
     k, E = engine.top_k, engine.num_experts
     gen = torch.Generator().manual_seed(tokens)
     idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(tokens)])  # [T, k]
@@ -65,11 +67,13 @@ def test_the_expert_part_of_a_moe_layer_is_at_most_12_ops_whatever_top_k_and_tok
         out = engine.run_moe_layer(3, F.silu, hidden, idx, weights)
     assert out.shape == hidden.shape
     assert counter.total <= 12, counter.ops
-    assert counter.total <= engine.kernels.grouped_experts
+    assert counter.total <= EXPERT_OP_LAUNCHES[mode] + HOST_READ_LAUNCHES
 
 
-def test_the_grouped_op_equals_the_per_expert_sum(engine):
+@pytest.mark.parametrize("mode", ["gathered", "grouped"])
+def test_the_grouped_op_equals_the_per_expert_sum(engine, mode):
     configure(engine, AllResident(), engine.total_expert_bytes)
+    engine.pool.mode = mode
     k, E = engine.top_k, engine.num_experts
     gen = torch.Generator().manual_seed(0)
     idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(7)])  # [7, k]
@@ -82,6 +86,30 @@ def test_the_grouped_op_equals_the_per_expert_sum(engine):
             g, u = F.linear(hidden[t], gate_up).chunk(2)
             want[t] += weights[t, j] * F.linear(F.silu(g) * u, down)
     torch.testing.assert_close(ours, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["gathered", "grouped"])
+def test_experts_run_elsewhere_take_their_rows_of_the_grouped_op(engine, mode):
+    from specterbench.plugins.strategy import ON_HOST
+
+    class HostOdd(Strategy):
+        name = "host-odd"
+
+        def place_miss(self, key, n_tokens):
+            return ON_HOST
+
+    configure(engine, HostOdd(), engine.total_expert_bytes)
+    engine.pool.mode = mode
+    for e in range(0, engine.num_experts, 2):  # even experts on the device, odd ones missed and run on the host
+        engine.prefetch((1, e))
+    gen = torch.Generator().manual_seed(1)
+    k, E, H = engine.top_k, engine.num_experts, engine.own_geometry.hidden
+    idx = torch.stack([torch.randperm(E, generator=gen)[:k] for _ in range(5)])  # [5, k]
+    weights, hidden = torch.rand(5, k, generator=gen), torch.randn(5, H, generator=gen)
+    ours = engine.run_moe_layer(1, F.silu, hidden, idx, weights)
+    assert engine.stats.host_experts > 0 and engine.stats.expert_computes > 0
+    configure(engine, AllResident(), engine.total_expert_bytes)
+    torch.testing.assert_close(ours, engine.run_moe_layer(1, F.silu, hidden, idx, weights), rtol=1e-5, atol=1e-5)
 
 
 def test_a_resident_decode_token_issues_at_most_its_limit_and_the_cost_model_charges_it(engine):

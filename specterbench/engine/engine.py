@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -23,7 +23,8 @@ from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.fused import fuse_rms_norms
 from specterbench.engine.geometry import Geometry, geometry_from_config
-from specterbench.engine.kernels import DEFAULT_KERNELS, count_model_launches
+from specterbench.engine.kernels import (DEFAULT_KERNELS, EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES,
+                                        count_model_launches)
 from specterbench.engine.pool import SlotPool
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.residency import CacheControl
@@ -161,6 +162,7 @@ class Engine(CacheControl):
                 f"({(need + extra) / self.total_expert_bytes:.1%} of expert bytes)")
         self.cache = DeviceCache(cache_bytes)
         self.pool = self._new_pool(cache_bytes)
+        self.kernels = replace(self.kernels, grouped_experts=EXPERT_OP_LAUNCHES[self.pool.mode] + HOST_READ_LAUNCHES)
         self._budget_bytes, self._device_bytes_left = int(budget_bytes), int(extra)
         self.clock = self._bind(clock)
         self.strategy = strategy

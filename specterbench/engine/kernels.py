@@ -25,14 +25,17 @@ aten = torch.ops.aten
 
 #: ops that allocate or re-describe memory without launching a kernel
 _NOT_KERNELS = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+                          aten._unsafe_view.default,
                           aten.empty_like.default,
                           aten.new_empty_strided.default, aten.lift_fresh.default, aten.resize_.default,
                           aten.set_.source_Storage_storage_offset, aten.set_.source_Tensor})
 
-#: the grouped expert op of one MoE layer (:func:`specterbench.engine.moe_layer.grouped_experts`), whatever T and
-#: top-k: slot lookup, sort, offsets, token rows, gather, two grouped GEMMs, activation, gating product, un-permute,
-#: weighted combine — plus the one host read of the layer's routing
-GROUPED_EXPERT_LAUNCHES = 11
+#: the expert op of one MoE layer (:func:`specterbench.engine.moe_layer.grouped_experts`) by the slot pool's mode, at
+#: most, whatever T and top-k — ``grouped``: slot lookup, sort, offsets, token rows, gather, two grouped GEMMs,
+#: activation, gating product, un-permute, weighted combine; ``gathered``: slot lookup, two weight gathers, two batched
+#: GEMMs, activation, gating product, weighted combine, the token rows' copy (T > 1) — plus the host read of the routing
+EXPERT_OP_LAUNCHES = {"grouped": 11, "gathered": 9}
+GROUPED_EXPERT_LAUNCHES = EXPERT_OP_LAUNCHES["gathered"]  # the default description's (CPU)
 HOST_READ_LAUNCHES = 1
 #: one expert through the per-expert path (the draft's experts, formats with no grouped kernel): gather its rows,
 #: two GEMMs, activation, gating product, scale, scatter-add; plus, once per layer, the host read and the zeroed output

@@ -40,36 +40,45 @@ def expert_forward(weights, act_fn, x, scale=None):  # x [n, H], scale [n, 1] or
     return y if scale is None else y * scale
 
 
-def grouped_experts(pool: SlotPool, layer: int, act_fn, hidden, top_k_index, top_k_weights, *, combine: bool):
-    """Every routing of one layer through the experts in ``pool`` as one grouped op (a fixed number of launches
-    whatever T and top-k: :data:`~specterbench.engine.kernels.GROUPED_EXPERT_LAUNCHES`).
+def grouped_experts(pool: SlotPool, layer: int, act_fn, hidden, top_k_index, top_k_weights, *, combine: bool,
+                    window: tuple[int, int], partial: bool):
+    """Every routing of one layer through the experts in ``pool`` as one op of a fixed number of launches whatever
+    T and top-k (:data:`~specterbench.engine.kernels.EXPERT_OP_LAUNCHES` of the pool's ``mode``):
 
-    ``hidden`` [T, H], ``top_k_index``/``top_k_weights`` [T, k]. Routings of experts without a slot get rows past
-    the last group (left unwritten: the caller overwrites them with the expert's output from elsewhere).
-    ``combine``: return the layer's output [T, H] (T = 1 only); else the unweighted outputs [T * k, H] in
-    routing order (row ``t * k + j``: token ``t``'s ``j``-th expert) for :func:`combine`.
+    - ``grouped``: routings sorted by slot, one ``F.grouped_mm`` per projection over the pool's slots ``window``
+      (lowest, highest slot the layer uses) — the GPU path, where a grouped GEMM reads each expert once;
+    - ``gathered``: each routing's slot weights gathered, one batched GEMM per projection — the CPU path, whose
+      grouped GEMM walks every group in the window on the host (O(slots), not O(routings)).
+
+    ``hidden`` [T, H], ``top_k_index``/``top_k_weights`` [T, k]. ``partial``: some routed experts hold no slot
+    (they run elsewhere): their rows are left for the caller to overwrite. ``combine``: return the layer's output
+    [T, H]; else the unweighted outputs [T * k, H] in routing order (row ``t * k + j``: token ``t``'s ``j``-th).
     """
     T, k = top_k_index.shape
-    slots = pool.table[layer][top_k_index].reshape(-1)  # [T*k]: each routing's slot (pool.slots: none)
-    sorted_slots, order = torch.sort(slots, stable=True)  # [T*k], [T*k]: routings grouped by slot
-    if T == 1:
-        x = hidden.expand(k, hidden.shape[1]).contiguous()  # [k, H]: every routing is the one token
-    else:
-        x = hidden[order // k]  # [T*k, H]
-    if pool.grouped_kernel:
-        offs = torch.searchsorted(sorted_slots, pool.group_ends, right=True, out_int32=True)  # [S]: group ends
-        h = F.grouped_mm(x, pool.gate_up.transpose(1, 2), offs=offs)  # [T*k, 2I]
+    slots = pool.table[layer][top_k_index]  # [T, k]: each routing's slot (pool.slots: none)
+    if pool.mode == "gathered":
+        if partial:
+            slots = slots.clamp(max=pool.slots - 1)  # rows of experts without a slot compute anything
+        h = torch.matmul(pool.gate_up[slots], hidden[:, None, :, None]).squeeze(-1)  # [T, k, 2I]
         gate, up = h.chunk(2, dim=-1)
-        y = F.grouped_mm(act_fn(gate) * up, pool.down.transpose(1, 2), offs=offs)  # [T*k, H]
-    else:  # no grouped kernel for this dtype/shape: each row's slot weights, one batched GEMM per projection
-        rows = sorted_slots.clamp(max=pool.slots - 1)  # [T*k]
-        h = torch.bmm(x.unsqueeze(1), pool.gate_up[rows].transpose(1, 2)).squeeze(1)  # [T*k, 2I]
-        gate, up = h.chunk(2, dim=-1)
-        y = torch.bmm((act_fn(gate) * up).unsqueeze(1), pool.down[rows].transpose(1, 2)).squeeze(1)  # [T*k, H]
-    if combine:
+        y = torch.matmul(pool.down[slots], (act_fn(gate) * up).unsqueeze(-1)).squeeze(-1)  # [T, k, H]
+        if combine:
+            return torch.matmul(top_k_weights.unsqueeze(1).to(y.dtype), y).squeeze(1)  # [T, H]
+        return y.reshape(T * k, -1)  # [T*k, H]
+    lo, hi = window
+    sorted_slots, order = torch.sort(slots.reshape(-1), stable=True)  # [T*k], [T*k]: routings grouped by slot
+    x = hidden.expand(k, hidden.shape[1]).contiguous() if T == 1 else hidden[order // k]  # [T*k, H]
+    offs = torch.searchsorted(sorted_slots, pool.group_ends[lo:hi + 1], right=True, out_int32=True)  # group ends
+    h = F.grouped_mm(x, pool.gate_up[lo:hi + 1].transpose(1, 2), offs=offs)  # [T*k, 2I]
+    gate, up = h.chunk(2, dim=-1)
+    y = F.grouped_mm(act_fn(gate) * up, pool.down[lo:hi + 1].transpose(1, 2), offs=offs)  # [T*k, H]
+    if combine and T == 1:
         w = top_k_weights.reshape(-1)[order].to(y.dtype)  # [k]: weights in slot order
         return torch.mm(w.unsqueeze(0), y)  # [1, H]
-    return torch.empty_like(y).index_copy_(0, order, y)  # [T*k, H] back in routing order
+    rows = torch.empty_like(y).index_copy_(0, order, y)  # [T*k, H] back in routing order
+    if combine:
+        return torch.bmm(top_k_weights.unsqueeze(1).to(rows.dtype), rows.view(T, k, -1)).squeeze(1)  # [T, H]
+    return rows
 
 
 def place(engine: "Engine", layer: int, groups: TokenGroups) -> dict[ExpertKey, str]:
@@ -143,9 +152,10 @@ def run_on_device(engine: "Engine", layer: int, groups: TokenGroups, elsewhere, 
             acquire(engine, key)
             cache.busy.add(key)
         with section("experts"):
-            whole = hidden.shape[0] == 1 and not elsewhere
+            whole = not elsewhere
+            indices = [cache.get(key).index for key in order]
             result = grouped_experts(engine.pool, layer, act_fn, hidden, groups.top_k_index, groups.top_k_weights,
-                                     combine=whole)
+                                     combine=whole, window=(min(indices), max(indices)), partial=bool(elsewhere))
         engine.clock.compute(*engine.clock.costs.experts_grouped(
             [n for e, n in zip(groups.experts, groups.tokens_per_expert) if (layer, e) not in elsewhere]))
         engine.stats.expert_computes += len(order)

@@ -2,8 +2,11 @@
 
 ``gate_up`` [S, 2I, H] and ``down`` [S, H, I] hold S slots; a cache entry owns one slot (its weights are views of
 the pool's rows) and ``table`` [L, E] maps every (MoE layer, expert) to its slot, or to ``S`` when it holds none.
-So a layer's experts run as **one grouped GEMM per projection over the whole pool** with the routed expert ids
-remapped to slots on the device (:func:`specterbench.engine.moe_layer.grouped_experts`); nothing is gathered.
+So a layer's experts run as **one grouped GEMM per projection over the pool** with the routed expert ids remapped
+to slots on the device (:func:`specterbench.engine.moe_layer.grouped_experts`). ``mode`` says how: ``grouped``
+(``F.grouped_mm``, on CUDA where it runs for the dtype and shapes) or ``gathered`` (each routing's slot weights
+gathered into one batched GEMM: on the CPU, whose ``grouped_mm`` walks every group serially — 12 ms per call over
+15,000 slots — and wherever the grouped kernel is refused).
 
 The pool holds as many slots as the cache's byte budget allows; when a strategy releases device bytes to the cache,
 the pool grows (a new pair of tensors, rows copied once, entries re-pointed). On CUDA a slot freed by an eviction
@@ -33,7 +36,7 @@ class SlotPool:
         self.freed_event: dict[int, object] = {}  # CUDA: slot -> event after the last kernel that read it
         self.group_ends = torch.zeros(0, dtype=torch.long, device=self.device)  # [S]: 0..S-1
         self.grow(slots)
-        self.grouped_kernel = _grouped_mm_works(self)
+        self.mode = "grouped" if self.device.type == "cuda" and _grouped_mm_works(self) else "gathered"
 
     def grow(self, slots: int) -> None:
         """Hold at least ``slots`` slots (never shrinks); cached entries keep their rows."""
@@ -87,7 +90,7 @@ class SlotPool:
 
 def _grouped_mm_works(pool: SlotPool) -> bool:
     """Whether ``F.grouped_mm`` runs on this device, dtype and shapes (strides of 16-byte multiples; bf16 on some
-    GPUs); otherwise the grouped op gathers each row's slot weights and uses ``bmm``."""
+    GPUs); otherwise the pool runs ``gathered``."""
     if not hasattr(F, "grouped_mm"):
         return False
     two_i, h = pool.gate_up_shape
