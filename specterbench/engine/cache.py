@@ -155,6 +155,9 @@ class Candidates(Sequence):
         slots = self._cache.slots
         return len(slots) - sum(1 for k in self._excluded if k in slots)
 
+    def __bool__(self) -> bool:
+        return len(self._cache.slots) > len(self._excluded) or len(self) > 0  # O(1) while entries outnumber exclusions
+
     def __getitem__(self, i):
         if isinstance(i, int) and i >= 0:
             for n, k in enumerate(self):

@@ -19,6 +19,8 @@ sampled decoding.
 
 from __future__ import annotations
 
+import heapq
+
 import statistics
 
 import torch
@@ -86,7 +88,8 @@ class Specter(SpeculativeDecoding):
         self.host_calls = self.fetch_calls = 0
         self.forecast = None
         self.predictions: list[tuple[int, float, float]] = []
-        self.transients: dict = {}  # cached experts that are not residents, as far as this strategy has seen
+        self.transients: dict = {}  # cached experts that are not residents (as far as seen) -> their heap stamp
+        self.transient_heap: list = []  # (recency stamp, key), least recent first
 
     def prepare(self, engine, calibration=None):
         self.load_residents(engine, calibration)
@@ -124,6 +127,7 @@ class Specter(SpeculativeDecoding):
 
     residents: frozenset = frozenset()
     residents_by_unpopularity: tuple = ()
+    parked = ()  # transients' heap entries set aside while the window predicts them
     draft_released = False
     plain_forecast_ms = spec_forecast_ms = None
 
@@ -176,6 +180,9 @@ class Specter(SpeculativeDecoding):
         super().begin_window(k)
         if self.planner is not None:
             self.planner.begin()
+        for item in self.parked:  # a new window predicts afresh
+            heapq.heappush(self.transient_heap, item)
+        self.parked = []
 
     def on_step_start(self, n_tokens):
         self.step_tokens = n_tokens
@@ -229,26 +236,47 @@ class Specter(SpeculativeDecoding):
 
     def choose_victim(self, candidates, needed):
         victim = self._victim(candidates)
-        if needed is not None and needed not in self.residents:
-            self.transients[needed] = None  # about to be fetched: a transient from now on
+        if needed is not None:
+            self._track(needed)  # about to be fetched: a transient from now on
         return victim
+
+    def _track(self, key) -> None:
+        """Keep ``key`` among the transients (a heap by recency, refreshed lazily as the cache touches them)."""
+        if key not in self.residents and key not in self.transients:
+            cache = self.engine.cache
+            stamp = cache.recency(key) if key in cache else -1
+            self.transients[key] = stamp
+            heapq.heappush(self.transient_heap, (stamp, key))
 
     def _victim(self, candidates):
         """Unpredicted transients least recently used first, then unpredicted residents least popular first, then
-        experts of layers the verification has passed; without scanning the cache (the transients are tracked as
-        their copies land, the residents are walked in popularity order and the walk stops at the first fit)."""
+        experts of layers the verification has passed; without scanning the cache: the transients sit in a heap by
+        recency (stale entries refreshed or dropped as they surface), the residents are walked in popularity order,
+        and each walk stops at the first fit."""
         predicted = self.window_draft
-        cache = self.engine.cache
+        cache, heap, aside = self.engine.cache, self.transient_heap, []
 
         def unpredicted(k):
             return k[1] not in predicted.get(k[0], ())
 
         best = None
-        for k in list(self.transients):
-            if k not in cache:
+        while heap:
+            stamp, k = heap[0]
+            if k not in cache or k in self.residents:
+                heapq.heappop(heap)
                 del self.transients[k]
-            elif k in candidates and unpredicted(k) and (best is None or cache.recency(k) < cache.recency(best)):
+            elif (now := cache.recency(k)) != stamp:
+                heapq.heapreplace(heap, (now, k))
+                self.transients[k] = now
+            elif not unpredicted(k):  # predicted: stays so until the window ends
+                self.parked.append(heapq.heappop(heap))
+            elif k in candidates:
                 best = k
+                break
+            else:  # in use, on the link or protected: may be a candidate at the next call
+                aside.append(heapq.heappop(heap))
+        for item in aside:
+            heapq.heappush(heap, item)
         if best is not None:  # least recently used first
             return best
         for k in self.residents_by_unpopularity:  # residents the window does not need: least popular first
@@ -265,8 +293,7 @@ class Specter(SpeculativeDecoding):
 
     def on_copy_landed(self, key):
         super().on_copy_landed(key)
-        if key not in self.residents:
-            self.transients[key] = None
+        self._track(key)
 
     def predicted(self):
         return by_layer(self.planner.planned)
