@@ -158,3 +158,25 @@ def test_the_cost_model_charges_the_draft_step_and_the_verification_it_counts(en
 
     ops, charged = counted(engine, verify)
     assert charged == pytest.approx(ops, rel=0.10)
+
+
+def test_a_grown_pool_keeps_its_experts_and_computes_the_same(engine):
+    class Holder(Strategy):
+        name = "holder"
+
+        def device_bytes(self, engine):
+            return 4 * engine.expert_bytes
+
+    k, E, H = engine.top_k, engine.num_experts, engine.own_geometry.hidden
+    configure(engine, Holder(), (k + 4) * engine.expert_bytes)
+    for e in range(k):
+        engine.prefetch((0, e))
+    before = engine.pool.slots
+    engine.release_device_bytes(4 * engine.expert_bytes)
+    assert engine.pool.slots == before + 4 and all((0, e) in engine.cache for e in range(k))
+    idx, weights = torch.arange(k).unsqueeze(0), torch.full((1, k), 1.0 / k)
+    hidden = torch.randn(1, H, generator=torch.Generator().manual_seed(3))
+    ours = engine.run_moe_layer(0, F.silu, hidden, idx, weights)
+    assert engine.stats.hits == k
+    configure(engine, AllResident(), engine.total_expert_bytes)
+    torch.testing.assert_close(ours, engine.run_moe_layer(0, F.silu, hidden, idx, weights), rtol=1e-5, atol=1e-5)

@@ -46,6 +46,8 @@ class SlotPool:
         gate_up = torch.empty(slots, *self.gate_up_shape, dtype=self.dtype, device=self.device)
         down = torch.empty(slots, *self.down_shape, dtype=self.dtype, device=self.device)
         if old:
+            if self.device.type == "cuda":  # pragma: no cover - needs CUDA
+                torch.cuda.synchronize(self.device)  # copies already on the copy stream land in the old rows first
             gate_up[:old].copy_(self.gate_up)
             down[:old].copy_(self.down)
         self.gate_up, self.down = gate_up, down

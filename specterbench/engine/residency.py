@@ -127,11 +127,11 @@ class CacheControl:
         if not pool.free:  # the cache's capacity grew past the pool (or a strategy changed it behind our back)
             pool.grow(max(pool.slots + 1, self.cache.capacity_bytes // self.expert_bytes))
         slot.index = pool.take(key, slot)
-        slot.weights = dst = pool.weights(slot.index)  # views of the pool's rows: (gate_up [2I, H], down [H, I])
+        slot.weights = pool.weights(slot.index)  # views of the pool's rows: (gate_up [2I, H], down [H, I])
 
         def copy(i=slot.index):  # run by the clock when the copy starts (measured) or at once (modeled)
             pool.wait_reuse(i)  # the slot's previous readers on the compute stream are done
-            for d, w in zip(dst, src):
+            for d, w in zip(slot.weights, src):  # the pool's rows now (a grown pool re-points them)
                 d.copy_(w, non_blocking=True)
 
         try:
