@@ -45,6 +45,21 @@ def test_expert_and_fused_estimates_are_what_compute_charges(engine):
     assert clock.now() - before == pytest.approx(engine.costs.experts_fused_s([1, 2, 3], 0.25))
 
 
+def test_a_layer_is_charged_its_grouped_op_and_one_more_expert_adds_no_launches(engine):
+    clock = configure(engine, Strategy(), slots=4)
+    for key in ((0, 1), (0, 3)):
+        engine.prefetch(key)
+    clock.settle()
+    before = clock.now()
+    engine.run_moe_layer(0, torch.nn.functional.silu, torch.randn(3, 64), torch.tensor([[1, 3], [3, 1], [1, 3]]),
+                         torch.full((3, 2), 0.5))
+    charged = clock.now() - before - engine.costs.layer_s(3)  # the layer's dense part is charged first
+    assert charged == pytest.approx(engine.costs.experts_grouped_s([3, 3]))
+    two, three = engine.costs.experts_grouped_s([3, 3]), engine.costs.experts_grouped_s([3, 3, 3])
+    assert three - two == pytest.approx(engine.costs.expert_in_layer_s(3))
+    assert engine.costs.expert_in_layer_s(3) < engine.costs.expert_s(3)  # a lone expert pays its own launches
+
+
 def test_host_expert_estimate_is_what_an_idle_host_takes(engine):
     clock = configure(engine, Strategy())
     job = clock.run_on_host(lambda: None, clock.costs.host_expert(3), engine.host_threads)

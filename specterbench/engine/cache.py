@@ -41,6 +41,7 @@ class Slot:
     transfer: Any  # the clock's Transfer that brings it in
     prefetched: bool  # brought in ahead of need (by a strategy), not by a miss
     used: bool = False
+    index: int = -1  # its slot in the engine's slot pool
 
 
 class DeviceCache:
@@ -59,6 +60,7 @@ class DeviceCache:
         self.used_bytes = 0
         self.peak_bytes = 0
         self.in_use: ExpertKey | None = None
+        self.busy: set[ExpertKey] = set()  # experts acquired for the grouped op being assembled: not evictable
 
     def __contains__(self, key: ExpertKey) -> bool:
         return key in self.slots
@@ -114,7 +116,7 @@ class DeviceCache:
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
     def remove(self, key: ExpertKey) -> Slot:
-        if key == self.in_use:
+        if key == self.in_use or key in self.busy:
             raise EngineViolation(f"expert {key} is in use by the layer being computed and cannot be evicted")
         slot = self.slots.pop(key, None)
         if slot is None:
@@ -152,6 +154,9 @@ class Candidates(Sequence):
     def __len__(self) -> int:
         slots = self._cache.slots
         return len(slots) - sum(1 for k in self._excluded if k in slots)
+
+    def __bool__(self) -> bool:
+        return len(self._cache.slots) > len(self._excluded) or len(self) > 0  # O(1) while entries outnumber exclusions
 
     def __getitem__(self, i):
         if isinstance(i, int) and i >= 0:

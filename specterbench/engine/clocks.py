@@ -36,6 +36,7 @@ class ClockTotals:
     stalls: int = 0
     host_busy_s: float = 0.0  # host CPU computing experts (cpu-experts, Specter's hybrid verification)
     host_shared_s: float = 0.0  # of that, seconds the host's DRAM was shared with the link's DMA reads
+    launches: int = 0  # kernel launches the compute stream was charged (the engine's kernel description)
 
 
 @dataclass(slots=True, eq=False)
@@ -305,6 +306,7 @@ class ModeledClock(_Backlog):
         dt = self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
         self.now_s += dt
         self.totals.compute_busy_s += dt
+        self.totals.launches += launches
         return dt
 
     # ---- host compute (a third resource) -------------------------------------------------------------

@@ -13,11 +13,14 @@ with ``specterbench calibrate``) and the link bandwidth from the copies timed so
 call                                   meaning
 =====================================  ===========================================================================
 ``copy_s()``                           one expert copy host→device on an idle link (latency + bytes / bandwidth)
-``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device (``bytes_ratio`` < 1: quantized,
+``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device, alone (``bytes_ratio`` < 1: quantized,
                                        run by ``kernel=`` (:mod:`~specterbench.engine.lowbit`), else the
                                        uniform kernel of that many bits per weight)
+``expert_in_layer_s(n_tokens)``        what one more expert adds to its layer's grouped op (its FLOPs and bytes, no
+                                       launches: the grouped op's launches do not depend on how many experts run)
 ``experts_fused_s(tokens, ratio)``     one fused kernel over several experts, ``tokens`` = tokens per expert
                                        (e.g. a 4-bit draft layer: ``experts_fused_s(counts, 0.258)``)
+``experts_grouped_s(tokens)``          a layer's device experts as the engine runs them: one grouped op
 ``layer_s(n_tokens, moe=True)``        the non-routed part of one layer (attention, router, shared expert) at the
                                        target's precision; ``bytes_ratio=`` prices a draft's low-bit copy
 ``head_s(rows=1)``                     the output head over ``rows`` positions (``bytes_ratio=`` as above)
@@ -37,6 +40,9 @@ call                                   meaning
 ``host_threads_available``             host threads the clock models or the machine has (int)
 =====================================  ===========================================================================
 
+Launches: every op's launch count comes from the engine's description of the kernels it launches
+(:class:`~specterbench.engine.kernels.KernelCounts`, ``CostModel.kernels``; the engine counts its model's own).
+
 Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device op costs ``launches · launch_us +
 max(flops / flops_per_s, bytes / (mem_bytes_per_s · efficiency), dequant ops / alu_ops_per_s)``, where a low-bit
 kernel's efficiency and dequantization instructions per weight come from :mod:`specterbench.engine.lowbit` (16-bit:
@@ -53,6 +59,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from specterbench.engine.geometry import Geometry
+from specterbench.engine.kernels import DEFAULT_KERNELS, KernelCounts
 from specterbench.engine.lowbit import BF16, LowBitKernel, kernel_for_ratio
 from specterbench.engine.profiles import HardwareProfile, HostProfile
 
@@ -83,10 +90,15 @@ class HostOp(NamedTuple):
 class CostModel:
     """Prices of every operation at a geometry on a hardware profile (and a host profile for host experts)."""
 
-    def __init__(self, profile: HardwareProfile, geometry: Geometry, host: HostProfile | None = None):
+    def __init__(self, profile: HardwareProfile, geometry: Geometry, host: HostProfile | None = None,
+                 kernels: KernelCounts = DEFAULT_KERNELS):
         self.profile = profile
         self.geometry = geometry
         self.host = host
+        self.kernels = kernels  # launches per op: the engine's own description (``Engine._bind`` sets its model's)
+
+    def _launches(self, per_layer: int) -> int:
+        return round(per_layer * self.geometry.layer_scale)
 
     # ---- what an operation is (FLOPs, bytes, launches) ----------------------------------------------
     @staticmethod
@@ -114,7 +126,8 @@ class CostModel:
         s = g.layer_scale
         return self._lowbit(s * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
                             s * (params - router), bytes_ratio, kernel, s * (router * g.dtype_bytes + kv_bytes),
-                            round(8 * s), g.dtype_bytes)
+                            self._launches(self.kernels.moe_layer_dense if moe else self.kernels.dense_layer),
+                            g.dtype_bytes)
 
     def expert(self, n_tokens: int, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> Op:
         """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's; a low-bit
@@ -124,21 +137,40 @@ class CostModel:
         if bytes_ratio is None:
             bytes_ratio = g.expert_bytes / (g.expert_params * g.dtype_bytes)
         return self._lowbit(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_params,
-                            bytes_ratio, kernel, 0.0, round(3 * g.layer_scale), g.dtype_bytes)
+                            bytes_ratio, kernel, 0.0, self._launches(self.kernels.per_expert), g.dtype_bytes)
 
     def experts_fused(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0,
                       kernel: LowBitKernel | None = None) -> Op:
-        """One fused kernel over several experts (e.g. a W4A16 draft layer): every expert's weights read once,
-        the launches of one expert, each weight unpacked by ``kernel``."""
+        """A draft layer's routed experts (e.g. a W4A16 draft): every expert's weights read once, each unpacked by
+        ``kernel``; the launches the draft's expert path issues (one grouping read plus each expert's, as it runs
+        them today)."""
         g = self.geometry
+        launches = self.kernels.per_expert_layer + self.kernels.per_expert * len(tokens_per_expert)
         return self._lowbit(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
                             g.layer_scale * g.expert_params * len(tokens_per_expert), bytes_ratio, kernel, 0.0,
-                            round(3 * g.layer_scale), g.dtype_bytes)
+                            self._launches(launches), g.dtype_bytes)
+
+    def experts_grouped(self, tokens_per_expert: Sequence[int], bytes_ratio: float | None = None,
+                        kernel: LowBitKernel | None = None) -> Op:
+        """A layer's device experts as one grouped op over the slot pool (every expert's weights read once at the
+        target's stored precision unless ``bytes_ratio`` says otherwise, the grouped op's launches whatever the
+        experts and tokens)."""
+        g = self.geometry
+        if bytes_ratio is None:
+            bytes_ratio = g.expert_bytes / (g.expert_params * g.dtype_bytes)
+        return self._lowbit(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
+                            g.layer_scale * g.expert_params * len(tokens_per_expert), bytes_ratio, kernel, 0.0,
+                            self._launches(self.kernels.grouped_experts), g.dtype_bytes)
+
+    def sample(self, rows: int) -> Op:
+        """The on-device Gumbel-max sampler over ``rows`` rows of logits: hash, noise, argmax (fp32)."""
+        v = self.geometry.vocab
+        return Op(30 * rows * v, 4 * 6 * rows * v, self.kernels.sample)
 
     def head(self, rows: int, bytes_ratio: float = 1.0, kernel: LowBitKernel | None = None) -> Op:
         g = self.geometry
-        return self._lowbit(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden, bytes_ratio, kernel, 0.0, 2,
-                            g.dtype_bytes)
+        return self._lowbit(2 * rows * g.vocab * g.hidden, g.vocab * g.hidden, bytes_ratio, kernel, 0.0,
+                            self.kernels.forward, g.dtype_bytes)
 
     def router(self, n_tokens: int) -> Op:
         g = self.geometry
@@ -287,6 +319,12 @@ class CostEstimates:
             return precision.dense_ratio, precision.dense_kernel if kernel is None else kernel
         return bytes_ratio, kernel
 
+    def expert_in_layer_s(self, n_tokens: int) -> float:
+        return self.model.op_seconds(*self.model.expert(n_tokens)._replace(launches=0))
+
+    def experts_grouped_s(self, tokens_per_expert: Sequence[int]) -> float:
+        return self.model.op_seconds(*self.model.experts_grouped(tokens_per_expert))
+
     def router_s(self, n_tokens: int) -> float:
         return self.model.op_seconds(*self.model.router(n_tokens))
 
@@ -331,4 +369,4 @@ class CostEstimates:
     def _experts_of_a_layer_s(self, n_tokens: int) -> float:
         k, E = self._engine.top_k, self._engine.num_experts
         active = min(E, n_tokens * k)
-        return active * self.expert_s(max(1, round(n_tokens * k / active)))
+        return self.experts_grouped_s([max(1, round(n_tokens * k / active))] * active)

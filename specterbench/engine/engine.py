@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -21,8 +21,12 @@ from specterbench.engine import moe_layer
 from specterbench.engine.cache import DeviceCache
 from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
+from specterbench.engine.fused import fuse_rms_norms
 from specterbench.engine.geometry import Geometry, geometry_from_config
 from specterbench.engine.precision import BF16
+from specterbench.engine.kernels import (DEFAULT_KERNELS, EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES,
+                                        count_model_launches)
+from specterbench.engine.pool import SlotPool
 from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
@@ -141,6 +145,7 @@ class Engine(CacheControl):
         check_transformers()
         host_memory_returns_to_the_os()
         self.name = name
+        self.kernels = DEFAULT_KERNELS  # until this model's own are counted (end of __init__)
         self.device = torch.device(device)
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -153,12 +158,14 @@ class Engine(CacheControl):
         self.gates = [router_of(block) for block in blocks]  # routers, for strategies that predict ahead
         self.model.to(self.device)
         self.cache_kwarg = cache_kwarg(model)  # the name this transformers' forward takes the KV cache under
+        self.fused_norms = fuse_rms_norms(self.model)  # RMSNorms as one kernel each (engine.fused)
         self.own_geometry = geometry_from_config(model.config, name, len(blocks))
         self.geometry = geometry or self.own_geometry
         self.num_layers = len(blocks)
         self.num_experts = self.store.num_experts
         self.top_k = self.own_geometry.top_k
         self.cache: DeviceCache | None = None
+        self.pool: SlotPool | None = None  # the cache's expert slots on the device (made per cell)
         self.clock: Clock = self._bind(HostWallClock())
         self.costs = CostEstimates(self)  # estimates for strategies, in seconds (see specterbench.engine.costs)
         self.strategy: Strategy | None = None
@@ -182,7 +189,8 @@ class Engine(CacheControl):
         self._pending: set = set()
         self._routed_guard = False
         self._mark = (0.0, 0.0, 0.0)
-        self._reuse_after = None  # CUDA: the compute stream's event at the last eviction (see residency.slot_copy)
+        self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
+        self.clock.costs.kernels = self.kernels
 
     # ---- sizes -------------------------------------------------------------------------------------
     @property
@@ -243,6 +251,8 @@ class Engine(CacheControl):
                 f"strategy {strategy.name!r} keeps on the device; it needs at least {need + extra} bytes "
                 f"({(need + extra) / self.total_expert_bytes:.1%} of expert bytes)")
         self.cache = DeviceCache(cache_bytes)
+        self.pool = self._new_pool(cache_bytes)
+        self.kernels = replace(self.kernels, grouped_experts=EXPERT_OP_LAUNCHES[self.pool.mode] + HOST_READ_LAUNCHES)
         self._budget_bytes, self._device_bytes_left = int(budget_bytes), int(extra)
         self.clock = self._bind(clock)
         self.strategy = strategy
@@ -276,11 +286,19 @@ class Engine(CacheControl):
                                   f"charged device bytes not yet released")
         self._device_bytes_left -= nbytes
         self.cache.capacity_bytes = min(self._budget_bytes, self.cache.capacity_bytes + nbytes)
+        self.pool.grow(self.cache.capacity_bytes // self.expert_bytes)
+
+    def _new_pool(self, cache_bytes: int) -> SlotPool:
+        """The slot pool of a cell's cache: as many expert slots as its bytes hold."""
+        gate_up, down = self.store.weights[(0, 0)]
+        return SlotPool(cache_bytes // self.expert_bytes, gate_up.shape, down.shape, self.num_layers,
+                        self.num_experts, self.compute_dtype, self.device)
 
     def _bind(self, clock: Clock) -> Clock:
         """A measured clock made without prices gets the default profile's at this engine's geometry."""
         if clock.costs is None:
             clock.costs = CostModel(BUILTIN_PROFILES[0], self.geometry, BUILTIN_HOST_PROFILES[0])
+        clock.costs.kernels = self.kernels  # the launches this engine issues
         return clock
 
     def begin_warmup(self) -> None:
@@ -325,7 +343,9 @@ class Engine(CacheControl):
             with dense if dense is not None else contextlib.nullcontext():
                 out = self.model(input_ids=input_ids.to(self.device), use_cache=True,
                                  logits_to_keep=0 if all_logits else 1, **{self.cache_kwarg: kv})
-            self.clock.compute(*self.clock.costs.head(out.logits.shape[1], self.dense_ratio, self.dense_kernel))
+            rows = out.logits.shape[1]
+            self.clock.compute(*self.clock.costs.head(rows, self.dense_ratio, self.dense_kernel))
+            self.clock.compute(*self.clock.costs.sample(rows))  # each returned row is picked once, on the device
         finally:
             self.expert_override = None
             self.dense_ratio, self.dense_kernel = self.precision.dense_ratio, self.precision.dense_kernel
@@ -421,9 +441,9 @@ class Engine(CacheControl):
         finally:
             self._routed_guard = False
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
-        moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
+        on_device = moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
         moe_layer.join_host(self, jobs, hidden, outputs)
-        out = moe_layer.combine(hidden, groups, outputs)
+        out = moe_layer.combine(hidden, groups, on_device, outputs)
         self.strategy.after_layer(layer, groups.experts)
         self._pending = set()
         return out

@@ -87,6 +87,47 @@ def tiny_random(family: str, seed: int = 0):
     return model.eval(), ByteTokenizer()
 
 
+#: routing geometry of real models (experts per MoE layer, MoE layers, top-k, family) for random-init models at small
+#: hidden sizes: what the engine launches per token depends on this and on the family's code, not on hidden
+ROUTING_GEOMETRIES = {
+    "mixtral": (8, 32, 2, "mixtral"),
+    "qwen1.5-moe": (60, 24, 4, "qwen2_moe"),
+    "deepseek-v2-lite": (64, 26, 6, "deepseek_v2"),
+}
+
+
+def routing_geometry_random(name: str, hidden: int = 64, seed: int = 0):
+    """A random-init model with the routing geometry of :data:`ROUTING_GEOMETRIES` ``[name]`` (shared experts and a
+    first dense layer where the real model has them) at hidden size ``hidden``."""
+    import transformers as tf
+    from transformers import AutoModelForCausalLM
+
+    experts, moe_layers, top_k, family = ROUTING_GEOMETRIES[name]
+    common = dict(vocab_size=256, hidden_size=hidden, num_attention_heads=4, max_position_embeddings=512,
+                  tie_word_embeddings=False)
+    if family == "mixtral":
+        config = tf.MixtralConfig(**common, num_hidden_layers=moe_layers, num_key_value_heads=2,
+                                  intermediate_size=2 * hidden, num_local_experts=experts, num_experts_per_tok=top_k)
+    elif family == "qwen2_moe":
+        config = tf.Qwen2MoeConfig(**common, num_hidden_layers=moe_layers, num_key_value_heads=4,
+                                   intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,
+                                   num_experts=experts, num_experts_per_tok=top_k,
+                                   shared_expert_intermediate_size=2 * hidden, decoder_sparse_step=1,
+                                   mlp_only_layers=[])
+    else:
+        config = tf.DeepseekV2Config(**common, num_hidden_layers=moe_layers + 1, num_key_value_heads=4,
+                                     intermediate_size=2 * hidden, moe_intermediate_size=hidden // 2,
+                                     n_routed_experts=experts, num_experts_per_tok=top_k, n_shared_experts=2,
+                                     first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=None,
+                                     qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, topk_method="greedy")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+    return model.eval()
+
+
 TINY_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "phimoe")
 
 

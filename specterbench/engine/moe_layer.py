@@ -3,11 +3,13 @@
 1. :func:`place`   — hits and misses: each routed expert is a hit, or a miss the strategy places (fetch it, run it
    on the host, or substitute it); fetches are queued at demand priority.
 2. :func:`run_elsewhere` — misses placed on the host start first (they run beside the device) and substitutes run.
-3. :func:`run_on_device` — the device computes what has landed first, then in order of arrival; misses that found
-   no room are fetched as soon as a computed expert frees a place, so their copies still overlap compute.
-4. :func:`combine` — outputs are summed in ascending expert order, so numerics do not depend on the strategy.
+3. :func:`run_on_device` — the device experts are acquired (landed copies first, then in order of arrival) and run
+   as **one grouped op** over the cache's slot pool (:func:`grouped_experts`: one grouped GEMM per projection, tokens
+   grouped on the device). Only when the cache cannot hold the layer's device experts at once do they run one by
+   one (the per-expert path), misses fetched as soon as a computed expert frees a place.
+4. :func:`combine` — every routing's expert output, weighted by its routing weight and summed per token.
 
-Tokens were grouped once per layer (:func:`specterbench.engine.routing.group_tokens`); no phase synchronises
+The host learns the layer's routing once (:func:`specterbench.engine.routing.group_tokens`); no phase synchronises
 with the device per expert.
 """
 
@@ -19,6 +21,8 @@ import torch
 import torch.nn.functional as F
 
 from specterbench.engine.cache import ExpertKey, Slot
+from specterbench.engine.kernels import section
+from specterbench.engine.pool import SlotPool
 from specterbench.engine.routing import TokenGroups
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler
 from specterbench.errors import BudgetError, EngineViolation
@@ -28,10 +32,53 @@ if TYPE_CHECKING:  # pragma: no cover
     from specterbench.engine.engine import Engine
 
 
-def expert_forward(weights, act_fn, x, scale):  # x [n, H], scale [n, 1] -> [n, H]
+def expert_forward(weights, act_fn, x, scale=None):  # x [n, H], scale [n, 1] or None -> [n, H]
+    """One expert over its tokens: the per-expert path."""
     gate_up, down = weights
     gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    return F.linear(act_fn(gate) * up, down) * scale
+    y = F.linear(act_fn(gate) * up, down)
+    return y if scale is None else y * scale
+
+
+def grouped_experts(pool: SlotPool, layer: int, act_fn, hidden, top_k_index, top_k_weights, *, combine: bool,
+                    window: tuple[int, int], partial: bool):
+    """Every routing of one layer through the experts in ``pool`` as one op of a fixed number of launches whatever
+    T and top-k (:data:`~specterbench.engine.kernels.EXPERT_OP_LAUNCHES` of the pool's ``mode``):
+
+    - ``grouped``: routings sorted by slot, one ``F.grouped_mm`` per projection over the pool's slots ``window``
+      (lowest, highest slot the layer uses) — the GPU path, where a grouped GEMM reads each expert once;
+    - ``gathered``: each routing's slot weights gathered, one batched GEMM per projection — the CPU path, whose
+      grouped GEMM walks every group in the window on the host (O(slots), not O(routings)).
+
+    ``hidden`` [T, H], ``top_k_index``/``top_k_weights`` [T, k]. ``partial``: some routed experts hold no slot
+    (they run elsewhere): their rows are left for the caller to overwrite. ``combine``: return the layer's output
+    [T, H]; else the unweighted outputs [T * k, H] in routing order (row ``t * k + j``: token ``t``'s ``j``-th).
+    """
+    T, k = top_k_index.shape
+    slots = pool.table[layer][top_k_index]  # [T, k]: each routing's slot (pool.slots: none)
+    if pool.mode == "gathered":
+        if partial:
+            slots = slots.clamp(max=pool.slots - 1)  # rows of experts without a slot compute anything
+        h = torch.matmul(pool.gate_up[slots], hidden[:, None, :, None]).squeeze(-1)  # [T, k, 2I]
+        gate, up = h.chunk(2, dim=-1)
+        y = torch.matmul(pool.down[slots], (act_fn(gate) * up).unsqueeze(-1)).squeeze(-1)  # [T, k, H]
+        if combine:
+            return torch.matmul(top_k_weights.unsqueeze(1).to(y.dtype), y).squeeze(1)  # [T, H]
+        return y.reshape(T * k, -1)  # [T*k, H]
+    lo, hi = window
+    sorted_slots, order = torch.sort(slots.reshape(-1), stable=True)  # [T*k], [T*k]: routings grouped by slot
+    x = hidden.expand(k, hidden.shape[1]).contiguous() if T == 1 else hidden[order // k]  # [T*k, H]
+    offs = torch.searchsorted(sorted_slots, pool.group_ends[lo:hi + 1], right=True, out_int32=True)  # group ends
+    h = F.grouped_mm(x, pool.gate_up[lo:hi + 1].transpose(1, 2), offs=offs)  # [T*k, 2I]
+    gate, up = h.chunk(2, dim=-1)
+    y = F.grouped_mm(act_fn(gate) * up, pool.down[lo:hi + 1].transpose(1, 2), offs=offs)  # [T*k, H]
+    if combine and T == 1:
+        w = top_k_weights.reshape(-1)[order].to(y.dtype)  # [k]: weights in slot order
+        return torch.mm(w.unsqueeze(0), y)  # [1, H]
+    rows = torch.empty_like(y).index_copy_(0, order, y)  # [T*k, H] back in routing order
+    if combine:
+        return torch.bmm(top_k_weights.unsqueeze(1).to(rows.dtype), rows.view(T, k, -1)).squeeze(1)  # [T, H]
+    return rows
 
 
 def place(engine: "Engine", layer: int, groups: TokenGroups) -> dict[ExpertKey, str]:
@@ -66,34 +113,62 @@ def place(engine: "Engine", layer: int, groups: TokenGroups) -> dict[ExpertKey, 
 
 def run_elsewhere(engine: "Engine", elsewhere: dict[ExpertKey, str], groups: TokenGroups, act_fn, hidden,
                   outputs: dict) -> list:
-    """Phase 2: start the host experts (their results are joined after the device's) and run substitutes.
-    Returns the host jobs with the token rows each serves."""
+    """Phase 2: start the host experts (their results are joined after the device's) and run substitutes (their
+    unweighted outputs [n, H] go to ``outputs[expert]``). Returns the host jobs."""
     clock, stats, costs = engine.clock, engine.stats, engine.clock.costs
     engine.host_placed_s = 0.0  # placed experts become the clock's host jobs now
     jobs = []
     for key, where in elsewhere.items():
-        token_idx, scale = groups.of(key[1])
+        token_idx, _ = groups.of(key[1])
         n = len(token_idx)
         if where == ON_HOST:
             host_weights = tuple(w.to(engine.compute_dtype) for w in engine.store.weights[key])
-            job = clock.run_on_host(lambda x, s, w=host_weights: expert_forward(w, act_fn, x, s),
-                                    costs.host_expert(n), engine.host_threads, hidden[token_idx], scale)
-            jobs.append((key, token_idx, job))
+            job = clock.run_on_host(lambda x, w=host_weights: expert_forward(w, act_fn, x),
+                                    costs.host_expert(n), engine.host_threads, hidden[token_idx])
+            jobs.append((key, job))
             stats.host_experts += 1
             stats.activation_bytes += 2 * n * hidden.shape[1] * hidden.element_size()  # down and back
         else:
             weights, ratio, *kernel = engine.strategy.substitute(key)  # kernel: optional (a LowBitKernel)
-            outputs[key[1]] = (token_idx, expert_forward(weights, act_fn, hidden[token_idx], scale))
+            outputs[key[1]] = expert_forward(weights, act_fn, hidden[token_idx])  # [n, H], unweighted
             clock.compute(*costs.expert(n, ratio, kernel[0] if kernel else None))
             stats.substituted += 1
     return jobs
 
 
-def run_on_device(engine: "Engine", layer: int, groups: TokenGroups, elsewhere, act_fn, hidden, outputs) -> None:
-    """Phase 3: compute every device expert of the layer, landed copies first, then in order of arrival."""
-    cache, clock, stats, costs, pending = engine.cache, engine.clock, engine.stats, engine.clock.costs, engine._pending
+def run_on_device(engine: "Engine", layer: int, groups: TokenGroups, elsewhere, act_fn, hidden, outputs):
+    """Phase 3: the layer's device experts as one grouped op over the slot pool once each has landed; the result
+    for :func:`combine` (or, for one token with nothing from elsewhere, the layer's output [1, H])."""
+    cache, pending = engine.cache, engine._pending
     keys = [(layer, e) for e in groups.experts if (layer, e) not in elsewhere]
     order = sorted(keys, key=lambda k: _arrival_rank(engine, k))
+    if not order:
+        return None
+    if len(order) * engine.expert_bytes > cache.capacity_bytes:
+        _run_one_by_one(engine, order, groups, act_fn, hidden, outputs)
+        return None
+    try:
+        for key in order:
+            acquire(engine, key)
+            cache.busy.add(key)
+        with section("experts"):
+            whole = not elsewhere
+            indices = [cache.get(key).index for key in order]
+            result = grouped_experts(engine.pool, layer, act_fn, hidden, groups.top_k_index, groups.top_k_weights,
+                                     combine=whole, window=(min(indices), max(indices)), partial=bool(elsewhere))
+        engine.clock.compute(*engine.clock.costs.experts_grouped(
+            [n for e, n in zip(groups.experts, groups.tokens_per_expert) if (layer, e) not in elsewhere]))
+        engine.stats.expert_computes += len(order)
+    finally:
+        cache.busy.clear()
+    pending.difference_update(order)
+    return ("whole", result) if whole else result
+
+
+def _run_one_by_one(engine: "Engine", order, groups: TokenGroups, act_fn, hidden, outputs) -> None:
+    """The per-expert path, for a layer whose device experts do not fit the cache at once: landed copies first, then
+    in order of arrival; misses that found no room are fetched as soon as a computed expert frees a place."""
+    cache, clock, stats, costs, pending = engine.cache, engine.clock, engine.stats, engine.clock.costs, engine._pending
     deferred = [k for k in order if k not in cache]
     for key in order:
         while deferred and (deferred[0] in cache or engine._fetch(
@@ -101,9 +176,8 @@ def run_on_device(engine: "Engine", layer: int, groups: TokenGroups, elsewhere, 
             deferred.pop(0)
         slot = acquire(engine, key)
         cache.in_use = key
-        token_idx, scale = groups.of(key[1])
-        x = hidden if hidden.shape[0] == 1 else hidden[token_idx]  # [n, H]
-        outputs[key[1]] = (token_idx, expert_forward(slot.weights, act_fn, x, scale))
+        token_idx, _ = groups.of(key[1])
+        outputs[key[1]] = expert_forward(slot.weights, act_fn, hidden[token_idx])  # [n, H], unweighted
         clock.compute(*costs.expert(len(token_idx)))
         stats.expert_computes += 1
         cache.in_use = None
@@ -115,18 +189,23 @@ def join_host(engine: "Engine", jobs, hidden, outputs) -> None:
     blocking the host."""
     if not jobs:
         return
-    engine.clock.wait_host([job for _, _, job in jobs])
-    for key, token_idx, job in jobs:
-        outputs[key[1]] = (token_idx, job.result.to(hidden.device, non_blocking=True))
+    engine.clock.wait_host([job for _, job in jobs])
+    for key, job in jobs:
+        outputs[key[1]] = job.result.to(hidden.device, non_blocking=True)
 
 
-def combine(hidden, groups: TokenGroups, outputs) -> torch.Tensor:
-    """Phase 4: the layer's output [T, H], summed in ascending expert order."""
-    out = torch.zeros_like(hidden)  # [T, H]
-    for e in groups.experts:
-        token_idx, y = outputs[e]
-        out.index_add_(0, token_idx, y.to(out.dtype))
-    return out
+def combine(hidden, groups: TokenGroups, device_result, outputs) -> torch.Tensor:
+    """Phase 4: the layer's output [T, H]: each token's expert outputs weighted by its routing weights. Outputs
+    computed one expert at a time (``outputs[expert]`` [n, H]) take their routings' rows."""
+    if isinstance(device_result, tuple):  # the grouped op combined already
+        return device_result[1]
+    T, k = groups.top_k_index.shape
+    rows = device_result if device_result is not None else hidden.new_empty(T * k, hidden.shape[1])  # [T*k, H]
+    for e, y in outputs.items():
+        pos = torch.tensor(groups.flat_positions(e), dtype=torch.long, device=hidden.device)  # [n]
+        rows.index_copy_(0, pos, y.to(rows.dtype))
+    w = groups.top_k_weights.to(rows.dtype).unsqueeze(1)  # [T, 1, k]
+    return torch.bmm(w, rows.view(T, k, -1)).squeeze(1)  # [T, H]
 
 
 def _arrival_rank(engine: "Engine", key: ExpertKey) -> tuple:
@@ -148,8 +227,8 @@ def acquire(engine: "Engine", key: ExpertKey) -> Slot:
         if slot is None:
             raise BudgetError(f"the expert cache ({cache.capacity_bytes} bytes) cannot hold one expert "
                               f"({engine.expert_bytes} bytes)")
-    engine.clock.wait(slot.transfer)
-    if not slot.used:  # (reuse of its memory after eviction: residency.slot_copy orders it)
+    engine.clock.wait(slot.transfer)  # the compute stream waits for the copy (the pool's rows are never freed)
+    if not slot.used:
         slot.used = True
         if slot.prefetched:
             engine.stats.prefetch_used += 1

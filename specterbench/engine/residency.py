@@ -35,8 +35,8 @@ def slot_copy(dst, src, reuse_after=None):
 
 
 class CacheControl:
-    """Mixed into the engine: needs ``cache``, ``clock``, ``store``, ``strategy``, ``stats``, ``device``,
-    ``compute_dtype``, ``expert_bytes`` and ``priced_expert_bytes``."""
+    """Mixed into the engine: needs ``cache``, ``pool`` (:class:`~specterbench.engine.pool.SlotPool`), ``clock``,
+    ``store``, ``strategy``, ``stats``, ``device``, ``expert_bytes`` and ``priced_expert_bytes``."""
 
     def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
         """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
@@ -58,8 +58,8 @@ class CacheControl:
             return False
         self.stats.prefetch_cancelled += 1
         self._unledger(slot)
-        self.cache.remove(key)
-        slot.weights = slot.transfer.copy = None  # the slot's memory goes now (the scheduler dropped its copy)
+        self._drop(key)
+        slot.transfer.copy = None  # the scheduler dropped its copy; the slot went back to the pool
         return True
 
     def evict(self, key: ExpertKey) -> None:
@@ -81,17 +81,7 @@ class CacheControl:
             slot.weights = slot.transfer.copy = None
         elif slot.prefetched and not slot.used:
             self.stats.prefetch_wasted += 1
-        self.cache.remove(key)
-        self._mark_reusable()
-
-    def _mark_reusable(self) -> None:
-        """An entry left the cache: on CUDA, an event on the compute stream after every read queued so far of its
-        slot. A later copy waits for it on the copy stream before writing, whatever memory its new slot reuses
-        (slots are allocated on the compute stream, where the allocator deems freed memory reusable at once)."""
-        if self.device.type == "cuda":  # pragma: no cover - needs CUDA
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-            self._reuse_after = event
+        self._drop(key)
 
     def _check_key(self, call: str, key) -> None:
         """A key that names no expert of this model is a named error, not a KeyError from the store."""
@@ -110,6 +100,7 @@ class CacheControl:
         excluded = set(protect) if protect else set()
         if self.cache.in_use is not None:
             excluded.add(self.cache.in_use)
+        excluded |= self.cache.busy
         for t in self.clock.in_flight():
             excluded.add(t.key)
         return Candidates(self.cache, excluded)
@@ -172,11 +163,24 @@ class CacheControl:
         if not self.make_room(self.expert_bytes, protect=protect, needed=key, force=force):
             return None
         src = self.store.weights[key]
-        dst = tuple(torch.empty(w.shape, dtype=self.compute_dtype, device=self.device) for w in src)
-        copy = slot_copy(dst, src, self._reuse_after)
+        pool = self.pool
+        slot = Slot(key, self.expert_bytes, None, None, prefetched)
+        if not pool.free:  # the cache's capacity grew past the pool (or a strategy changed it behind our back)
+            pool.grow(max(pool.slots + 1, self.cache.capacity_bytes // self.expert_bytes))
+        slot.index = pool.take(key, slot)
+        slot.weights = pool.weights(slot.index)  # views of the pool's rows: (gate_up [2I, H], down [H, I])
 
-        transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
-        self.cache.insert(Slot(key, self.expert_bytes, dst, transfer, prefetched))
+        def copy(i=slot.index):  # run by the clock when the copy starts (measured) or at once (modeled)
+            # the pool's rows now (a grown pool re-points them), after the slot's previous readers on the compute
+            # stream are done (the event recorded when it was freed)
+            slot_copy(slot.weights, src, pool.reuse_event(i))()
+
+        try:
+            self.cache.insert(slot)
+        except Exception:
+            pool.release(key, slot.index)
+            raise
+        slot.transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
         moved = self.store.expert_bytes  # the link ledger: what crosses the link (the cache charges expert_bytes)
         self.stats.h2d_bytes += moved
         if prefetched:
@@ -184,7 +188,12 @@ class CacheControl:
             self.stats.prefetch_bytes += moved
         else:
             self.stats.demand_bytes += moved
-        return self.cache.get(key)
+        return slot
+
+    def _drop(self, key: ExpertKey) -> None:
+        """Take ``key`` out of the cache and give its pool slot back."""
+        slot = self.cache.remove(key)
+        self.pool.release(key, slot.index)
 
     def _unledger(self, slot: Slot) -> None:
         moved = self.store.expert_bytes

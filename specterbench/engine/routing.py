@@ -1,29 +1,41 @@
-"""Routing of one MoE layer: the one grouping of tokens by expert, and the router signals strategies may read.
+"""Routing of one MoE layer: what the host learns of it, and the router signals strategies may read.
 
-:func:`group_tokens` is the only place tokens are grouped by expert — the target's expert loop and the quantized
-draft's both call it: one ``bincount``, one stable ``argsort`` and one transfer of the counts to the host per layer,
-no per-expert ``torch.where`` (and so no per-expert device synchronisation on CUDA). Within an expert, tokens keep
-the row-major order ``torch.where(top_k_index == e)`` would give, so outputs are bit-identical to it.
+:func:`group_tokens` is the host's one read of a layer's routing (``top_k_index`` [T, k], one copy per layer, no
+per-expert synchronisation): from it the host knows the layer's experts (ascending), their token counts and each
+token's place. The device's own grouping of tokens by expert happens inside the grouped expert op
+(:func:`specterbench.engine.moe_layer.grouped_experts`); the per-expert device tensors of :class:`TokenGroups` —
+an expert's token rows and routing weights, for the per-expert path (host experts, substitutes, a draft without a
+grouped kernel) — are built only when asked for. Within an expert, tokens keep the row-major order
+``torch.where(top_k_index == e)`` would give.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 
+from specterbench.engine.kernels import host_read
 
-@dataclass(slots=True)
+
 class TokenGroups:
-    """Tokens of one MoE layer grouped by routed expert (experts ascending)."""
+    """Tokens of one MoE layer grouped by routed expert (experts ascending), built on the host from one read."""
 
-    experts: list[int]  # routed experts, ascending
-    tokens_per_expert: list[int]  # same order
-    token_idx: tuple[torch.Tensor, ...]  # per routed expert: its token rows [n]
-    scales: tuple[torch.Tensor, ...]  # per routed expert: its routing weights [n, 1]
-    num_experts: int = 0
+    __slots__ = ("experts", "tokens_per_expert", "num_experts", "ids", "top_k_index", "top_k_weights", "_rows")
+
+    def __init__(self, ids: list[list[int]], top_k_index: torch.Tensor, top_k_weights: torch.Tensor,
+                 num_experts: int):
+        self.ids = ids  # [T][k] on the host
+        self.top_k_index, self.top_k_weights = top_k_index, top_k_weights  # [T, k] on the device
+        self.num_experts = num_experts
+        places: dict[int, list[tuple[int, int]]] = {}
+        for t, row in enumerate(ids):
+            for j, e in enumerate(row):
+                places.setdefault(e, []).append((t, j))
+        self.experts: list[int] = sorted(places)  # routed experts, ascending
+        self._rows = places  # expert -> its (token, choice) places, row-major
+        self.tokens_per_expert: list[int] = [len(places[e]) for e in self.experts]
 
     @property
     def counts(self) -> torch.Tensor:
@@ -32,40 +44,54 @@ class TokenGroups:
         out[self.experts] = torch.tensor(self.tokens_per_expert, dtype=torch.long)
         return out
 
-    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        return iter(zip(self.experts, self.token_idx, self.scales))
+    def places(self, expert: int) -> list[tuple[int, int]]:
+        """``(token, choice)`` of every routing of ``expert``, row-major (host lists)."""
+        if expert not in self._rows:
+            raise KeyError(f"expert {expert} is not routed in this layer")
+        return self._rows[expert]
+
+    def flat_positions(self, expert: int) -> list[int]:
+        """Positions ``token * k + choice`` of ``expert``'s routings in the flattened [T * k] assignment."""
+        k = self.top_k_index.shape[1]
+        return [t * k + j for t, j in self.places(expert)]
 
     def of(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(token_idx [n], scales [n, 1])`` of a routed ``expert``."""
-        i = bisect_left(self.experts, expert)
-        if i == len(self.experts) or self.experts[i] != expert:
-            raise KeyError(f"expert {expert} is not routed in this layer")
-        return self.token_idx[i], self.scales[i]
+        """``(token_idx [n], scales [n, 1])`` of a routed ``expert`` on the device (built now: per-expert path)."""
+        places = self.places(expert)
+        if len(self.ids) == 1:  # one token: views, nothing built
+            j = places[0][1]
+            return _row0(self.top_k_index.device), self.top_k_weights[0, j:j + 1].unsqueeze(-1)
+        device = self.top_k_index.device
+        rows = torch.tensor([t for t, _ in places], dtype=torch.long, device=device)  # [n]
+        cols = torch.tensor([j for _, j in places], dtype=torch.long, device=device)  # [n]
+        return rows, self.top_k_weights[rows, cols].unsqueeze(-1)
+
+    @property
+    def token_idx(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self.of(e)[0] for e in self.experts)
+
+    @property
+    def scales(self) -> tuple[torch.Tensor, ...]:
+        return tuple(self.of(e)[1] for e in self.experts)
+
+    def __iter__(self) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        for e in self.experts:
+            yield (e, *self.of(e))
 
 
 _ROW0: dict = {}  # device -> tensor([0]): the token rows of every expert of a one-token layer
 
 
+def _row0(device) -> torch.Tensor:
+    row0 = _ROW0.get(device)
+    if row0 is None:
+        row0 = _ROW0[device] = torch.zeros(1, dtype=torch.long, device=device)
+    return row0
+
+
 def group_tokens(top_k_index: torch.Tensor, top_k_weights: torch.Tensor, num_experts: int) -> TokenGroups:
-    """Group ``top_k_index`` [T, k] (with ``top_k_weights`` [T, k]) by expert."""
-    T, k = top_k_index.shape
-    if T == 1:  # a decode step: k distinct experts, one token each; one transfer of k ids
-        ids = top_k_index[0].tolist()
-        order = sorted(range(k), key=ids.__getitem__)
-        w = top_k_weights[0].unsqueeze(-1)  # [k, 1]
-        row0 = _ROW0.get(top_k_index.device)
-        if row0 is None:
-            row0 = _ROW0[top_k_index.device] = torch.zeros(1, dtype=torch.long, device=top_k_index.device)
-        return TokenGroups([ids[j] for j in order], [1] * k, (row0,) * k, tuple(w[j:j + 1] for j in order),
-                           num_experts)
-    flat = top_k_index.reshape(-1)  # [T*k]
-    counts = torch.bincount(flat, minlength=num_experts).cpu()  # [E]: the one transfer to the host
-    order = torch.argsort(flat, stable=True)  # [T*k], grouped by expert, row-major within one
-    experts = counts.nonzero().flatten().tolist()
-    sizes = counts[experts].tolist()
-    token_idx = torch.split(order // k, sizes)
-    scales = torch.split(top_k_weights.reshape(-1)[order].unsqueeze(-1), sizes)
-    return TokenGroups(experts, sizes, token_idx, scales, num_experts)
+    """Group ``top_k_index`` [T, k] (with ``top_k_weights`` [T, k]) by expert: one host read of the indices."""
+    return TokenGroups(host_read(top_k_index), top_k_index, top_k_weights, num_experts)
 
 
 class LayerRouting:

@@ -12,7 +12,9 @@ which is an exact sample from softmax(filtered_logits / temperature). The noise 
   own sampled token ``pick(target_logits, p)`` equals it: verification is the same rule as in greedy
   decoding (accept the agreeing prefix plus the target's token at the first disagreement).
 
-Greedy decoding is the ``mode="greedy"`` setting: plain argmax, no noise.
+``G`` comes from a counter-based stream computed where the logits are (:func:`gumbel_noise`: an integer hash of
+(seed, request, position, vocabulary index) in int64 tensor ops, float32 noise), so no logits leave the device and
+every device draws the same noise. Greedy decoding is the ``mode="greedy"`` setting: plain argmax, no noise.
 
     setting = DecodeSetting.sample(temperature=1.0, top_p=0.95, seed=0)
     sampler = setting.sampler(request_id="p03")
@@ -23,10 +25,12 @@ Greedy decoding is the ``mode="greedy"`` setting: plain argmax, no noise.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import asdict, dataclass
 
 import torch
 
+from specterbench.engine.kernels import host_read
 from specterbench.errors import UsageError
 
 DECODE_MODES = ("greedy", "sample")
@@ -102,16 +106,48 @@ def _stream_seed(seed: int, request_id: str, position: int) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def gumbel_noise(seed: int, request_id: str, position: int, vocab: int) -> torch.Tensor:
-    """Gumbel(0, 1) noise [V] for one (seed, request, absolute position); float64 on the CPU, so every
-    device and dtype sees the same draw."""
-    gen = torch.Generator().manual_seed(_stream_seed(seed, request_id, position))
-    u = torch.rand(vocab, generator=gen, dtype=torch.float64).clamp_(1e-300, 1.0 - 1e-16)
-    return -torch.log(-torch.log(u))
+_GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15 as a signed int64: the Weyl step between vocabulary indices
+_MIX1 = -0x40A7B892E31B1A47  # 0xBF58476D1CE4E5B9 (splitmix64's multipliers, as signed int64)
+_MIX2 = -0x6B2FB644ECCEEE15  # 0x94D049BB133111EB
+_LOG_2_24 = 24 * math.log(2.0)
+_WEYL: dict = {}  # (vocab, device) -> [V] int64: v * golden, wrapped
+
+
+def _weyl(vocab: int, device) -> torch.Tensor:
+    key = (vocab, torch.device(device))
+    if key not in _WEYL:
+        _WEYL[key] = torch.arange(vocab, dtype=torch.long, device=device) * _GOLDEN  # [V]
+    return _WEYL[key]
+
+
+def gumbel_noise(seed: int, request_id: str, positions, vocab: int, device="cpu") -> torch.Tensor:
+    """Gumbel(0, 1) noise [V] for one absolute position (an int), [N, V] for N ``positions`` (float32, on
+    ``device``) of one request: a counter-based stream, ``splitmix64(key(seed, request, position) + v · golden)``
+    for vocabulary index ``v``, its top 24 bits a uniform ``u``, the noise ``-log(-log(u))`` — integer tensor ops on
+    the logits' device, so every device, pass and strategy draws the same numbers."""
+    noise = _scores(None, seed, request_id, positions, vocab, device)[0]
+    return noise[0] if isinstance(positions, int) else noise
+
+
+def _scores(x, seed, request_id, positions, vocab, device):
+    """``x - log(-log(u))`` [N, V] for logits ``x`` [N, V] (or the noise alone when ``x`` is None)."""
+    positions = [positions] if isinstance(positions, int) else list(positions)
+    keys = [_stream_seed(seed, request_id, p) for p in positions]
+    key = keys[0] if len(keys) == 1 else torch.tensor(keys, dtype=torch.long, device=device).unsqueeze(1)  # [N, 1]
+    z = _weyl(vocab, device) + key  # [N, V] int64 (wrapping)
+    z = (z ^ (z >> 30)) * _MIX1
+    z = (z ^ (z >> 27)) * _MIX2
+    z = (z ^ (z >> 31)) >> 39  # [N, V]: 24 bits (the xor clears the sign bit)
+    e = _LOG_2_24 - torch.log(z.to(torch.float32))  # -log(u), u = z / 2^24 (u = 0: noise -inf, never picked)
+    noise_neg = torch.log(e)  # [N, V]: -Gumbel noise
+    if x is None:
+        return (-noise_neg).reshape(len(positions), vocab), None
+    return None, (x - noise_neg).reshape(len(positions), vocab)
 
 
 class TokenSampler:
-    """Chooses tokens for one request under a :class:`DecodeSetting` (see the module docstring)."""
+    """Chooses tokens for one request under a :class:`DecodeSetting` (see the module docstring). Everything runs on
+    the logits' device in float32; the host reads the chosen token ids once per call."""
 
     __slots__ = ("setting", "request_id", "margins")
 
@@ -122,40 +158,43 @@ class TokenSampler:
         #: later divergence at a near-tie can be told from a strategy's error); None otherwise (no extra work)
         self.margins: dict[int, float] | None = {} if record_margins else None
 
-    def scores(self, logits: torch.Tensor, position: int) -> torch.Tensor:
-        """The perturbed scores [V] whose argmax is the token at ``position`` (float64, CPU)."""
+    def scores_many(self, logits: torch.Tensor, first_position: int) -> torch.Tensor:
+        """The perturbed scores [N, V] (float32, on the logits' device) whose row-wise argmax are the tokens at
+        ``first_position``, ``first_position + 1``, ..."""
         s = self.setting
-        x = logits.detach().to("cpu", torch.float64).reshape(-1)
+        x = logits.detach().reshape(-1, logits.shape[-1]).to(torch.float32)  # [N, V]
         if s.mode == "greedy":
             return x
-        x = x / s.temperature
-        if s.top_k is not None and s.top_k < x.numel():
-            kth = torch.topk(x, s.top_k).values[-1]
+        if s.temperature != 1.0:
+            x = x / s.temperature
+        if s.top_k is not None and s.top_k < x.shape[-1]:
+            kth = torch.topk(x, s.top_k, dim=-1).values[:, -1:]  # [N, 1]
             x = x.masked_fill(x < kth, float("-inf"))
         if s.top_p is not None and s.top_p < 1.0:
-            probs, order = torch.sort(torch.softmax(x, -1), descending=True)
+            probs, order = torch.sort(torch.softmax(x, -1), dim=-1, descending=True)  # [N, V]
             keep_sorted = (probs.cumsum(-1) - probs) < s.top_p  # tokens before which mass < top_p; keeps >= 1
-            keep = torch.zeros_like(keep_sorted)
-            keep[order] = keep_sorted
+            keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
             x = x.masked_fill(~keep, float("-inf"))
-        return x + gumbel_noise(s.seed, self.request_id, position, x.numel())
+        positions = range(first_position, first_position + x.shape[0])
+        return _scores(x, s.seed, self.request_id, positions, x.shape[-1], x.device)[1]
+
+    def scores(self, logits: torch.Tensor, position: int) -> torch.Tensor:
+        """The perturbed scores [V] whose argmax is the token at ``position`` (float32, on the logits' device)."""
+        return self.scores_many(logits.reshape(1, -1), position)[0]
 
     def pick(self, logits: torch.Tensor, position: int) -> int:
         """The token at absolute ``position`` (0 = first prompt token) from ``logits`` [V] predicting it."""
-        if self.margins is not None:
-            x = self.scores(logits, position)
-            top2 = torch.topk(x, 2).values
-            self.margins[position] = float(top2[0] - top2[1])
-            return int(x.argmax())  # argmax, not topk's index: the same tie-break as without recording
-        if self.setting.mode == "greedy":
-            return int(logits.reshape(-1).argmax())
-        return int(self.scores(logits, position).argmax())
+        return self.pick_many(logits.reshape(1, -1), position)[0]
 
     def pick_many(self, logits: torch.Tensor, first_position: int) -> list[int]:
-        """Tokens for consecutive positions from ``logits`` [N, V] (row i predicts ``first_position + i``)."""
-        if self.setting.mode == "greedy" and self.margins is None:
-            return logits.argmax(-1).tolist()
-        return [self.pick(row, first_position + i) for i, row in enumerate(logits)]
+        """Tokens for consecutive positions from ``logits`` [N, V] (row i predicts ``first_position + i``): one
+        pass over all rows, one host read."""
+        x = self.scores_many(logits, first_position)  # [N, V]
+        if self.margins is not None:
+            top2 = torch.topk(x, 2, dim=-1).values  # [N, 2]
+            for i, m in enumerate(host_read(top2[:, 0] - top2[:, 1])):
+                self.margins[first_position + i] = float(m)
+        return host_read(x.argmax(-1))  # argmax, not topk's index: the same tie-break with or without margins
 
     def margin(self, logits: torch.Tensor, position: int) -> float:
         """Gap between the best and second-best score at ``position``: how close the choice was to a tie

@@ -236,7 +236,7 @@ class WindowCosts:
     def verify_s(self, n_tokens: int, union: float) -> float:
         c, e = self.costs, self.engine
         per_expert = max(1, round(n_tokens * e.top_k / max(union, 1.0)))
-        layer = c.layer_s(n_tokens) + union * c.expert_s(per_expert)
+        layer = c.layer_s(n_tokens) + c.experts_grouped_s([per_expert] * max(1, round(union)))  # one grouped op
         return self.dense_layers * c.layer_s(n_tokens, moe=False) + e.num_layers * layer + c.head_s(n_tokens)
 
     def host_miss_s(self) -> float:

@@ -19,6 +19,8 @@ sampled decoding.
 
 from __future__ import annotations
 
+import heapq
+
 import statistics
 
 import torch
@@ -98,6 +100,8 @@ class Specter(SpeculativeDecoding):
         self.host_calls = self.fetch_calls = 0
         self.forecast = None
         self.predictions: list[tuple[int, float, float]] = []
+        self.transients: dict = {}  # cached experts that are not residents (as far as seen) -> their heap stamp
+        self.transient_heap: list = []  # (recency stamp, key), least recent first
 
     calibration = None
 
@@ -138,11 +142,14 @@ class Specter(SpeculativeDecoding):
         self.popularity = {divmod(i, engine.num_experts): rank for rank, i in enumerate(order)}  # 0: most used
         n = max(0, self.slots - engine.top_k)
         self.residents = {divmod(i, engine.num_experts) for i in order[:n]}
+        self.residents_by_unpopularity = [divmod(i, engine.num_experts) for i in reversed(order[:n])]
         for key in sorted(self.residents):
             if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=self.residents, needed=key):
                 engine.prefetch(key)
 
     residents: frozenset = frozenset()
+    residents_by_unpopularity: tuple = ()
+    parked = ()  # transients' heap entries set aside while the window predicts them
     draft_released = False
     plain_forecast_ms = spec_forecast_ms = None
 
@@ -251,6 +258,9 @@ class Specter(SpeculativeDecoding):
         super().begin_window(k)
         if self.planner is not None:
             self.planner.begin()
+        for item in self.parked:  # a new window predicts afresh
+            heapq.heappush(self.transient_heap, item)
+        self.parked = []
 
     def on_step_start(self, n_tokens):
         self.step_tokens = n_tokens
@@ -331,7 +341,7 @@ class Specter(SpeculativeDecoding):
             return FETCH
         c = self.engine.costs
         host = c.host_backlog_s() + c.host_expert_s(n_tokens)
-        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n_tokens)
+        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_in_layer_s(n_tokens)
         if host < fetch:
             self.host_calls += 1
             return ON_HOST
@@ -341,21 +351,65 @@ class Specter(SpeculativeDecoding):
     verify_layer = -1
 
     def choose_victim(self, candidates, needed):
-        if not self.plan_on:  # no lookahead: transient experts least recently used first, then the least popular
-            transient = [k for k in candidates if k not in self.residents]
-            return transient[0] if transient else max(candidates, key=lambda k: self.popularity.get(k, 0))
-        predicted = self.window_draft
-        unpredicted = [k for k in candidates if k[1] not in predicted.get(k[0], ())]
-        transient = [k for k in unpredicted if k not in self.residents]
-        if transient:  # least recently used first
-            return transient[0]
-        if unpredicted:  # residents the window does not need: least popular first
-            return max(unpredicted, key=lambda k: self.popularity.get(k, 0))
-        done = [k for k in candidates if k[0] < self.verify_layer]  # layers the verification has passed
-        if done:
-            return done[0]
+        victim = self._victim(candidates)
+        if needed is not None:
+            self._track(needed)  # about to be fetched: a transient from now on
+        return victim
+
+    def _track(self, key) -> None:
+        """Keep ``key`` among the transients (a heap by recency, refreshed lazily as the cache touches them)."""
+        if key not in self.residents and key not in self.transients:
+            cache = self.engine.cache
+            stamp = cache.recency(key) if key in cache else -1
+            self.transients[key] = stamp
+            heapq.heappush(self.transient_heap, (stamp, key))
+
+    def _victim(self, candidates):
+        """Unpredicted transients least recently used first, then unpredicted residents least popular first, then
+        experts of layers the verification has passed; without scanning the cache: the transients sit in a heap by
+        recency (stale entries refreshed or dropped as they surface), the residents are walked in popularity order,
+        and each walk stops at the first fit."""
+        predicted = self.window_draft if self.plan_on else {}  # spec-host: no draft-guided eviction
+        cache, heap, aside = self.engine.cache, self.transient_heap, []
+
+        def unpredicted(k):
+            return k[1] not in predicted.get(k[0], ())
+
+        best = None
+        while heap:
+            stamp, k = heap[0]
+            if k not in cache or k in self.residents:
+                heapq.heappop(heap)
+                del self.transients[k]
+            elif (now := cache.recency(k)) != stamp:
+                heapq.heapreplace(heap, (now, k))
+                self.transients[k] = now
+            elif not unpredicted(k):  # predicted: stays so until the window ends
+                self.parked.append(heapq.heappop(heap))
+            elif k in candidates:
+                best = k
+                break
+            else:  # in use, on the link or protected: may be a candidate at the next call
+                aside.append(heapq.heappop(heap))
+        for item in aside:
+            heapq.heappush(heap, item)
+        if best is not None:  # least recently used first
+            return best
+        for k in self.residents_by_unpopularity:  # residents the window does not need: least popular first
+            if k in candidates and unpredicted(k):
+                return k
+        untracked = next((k for k in candidates if unpredicted(k)), None)  # e.g. landed since the last layer
+        if untracked is not None:
+            return untracked
+        done = next((k for k in candidates if k[0] < self.verify_layer), None)  # layers the verification passed
+        if done is not None:
+            return done
         # all predicted and still ahead: give up the one needed last (latest layer, fewest draft tokens)
         return max(candidates, key=lambda k: (k[0], -predicted[k[0]][k[1]]))
+
+    def on_copy_landed(self, key):
+        super().on_copy_landed(key)
+        self._track(key)
 
     def predicted(self):
         return by_layer(self.planner.planned)

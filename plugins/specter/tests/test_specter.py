@@ -254,3 +254,37 @@ def test_a_draft_that_loses_to_plain_decoding_is_dropped_during_the_run():
     ks = [strategy.choose_k(100) for _ in range(Specter.RELEASE_VOTES)]
     assert strategy.draft_released and ks[-1] == 0
     assert engine.cache.capacity_bytes == int(0.6 * engine.total_expert_bytes)
+def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
+    """Each eviction looks at a few entries (its transients' heap, the least popular residents), not the cache."""
+    from specterbench.engine.cache import Candidates
+    from specterbench.engine.models import routing_geometry_random
+
+    engine = Engine(routing_geometry_random("qwen1.5-moe", hidden=32), name="qwen-geometry")  # 60 × 24 experts
+    strategy = Specter(k=4)
+    configure(engine, strategy, 0.5)
+    prompt = tuple(range(3, 19))
+    counts = engine.start_recording()
+    engine.begin_request(Request("c", prompt, 4))
+    engine.decode(Request("c", prompt, 4))
+    engine.stop_recording()
+    strategy.prepare(engine, Calibration(counts.counts, (), (counts.counts,)))
+    walked, calls = [0], [0]
+    iterate, choose = Candidates.__iter__, Specter.choose_victim
+
+    def counting_iter(self):
+        for key in iterate(self):
+            walked[0] += 1
+            yield key
+
+    def counting_choose(self, candidates, needed):
+        calls[0] += 1
+        return choose(self, candidates, needed)
+
+    monkeypatch.setattr(Candidates, "__iter__", counting_iter)
+    monkeypatch.setattr(Specter, "choose_victim", counting_choose)
+    request = Request("p", prompt, 12)
+    engine.begin_request(request)
+    strategy.generate(engine, request)
+    cached = len(engine.cache)
+    assert calls[0] > 20 and cached > 300
+    assert walked[0] / calls[0] < 0.02 * cached  # the old choice listed every candidate per eviction
