@@ -69,6 +69,10 @@ class OracleSpec(Oracle):
         self.host_path = engine.clock.costs.host is not None
         self.windows = self.window_tokens = self.mismatches = self.host_calls = self.fetch_calls = self.dropped = 0
 
+    def on_warmup_end(self):
+        """The runner's warm-up request is over: its windows and calls are not the cell's."""
+        self.windows = self.window_tokens = self.mismatches = self.host_calls = self.fetch_calls = self.dropped = 0
+
     def on_request_start(self, request):
         if request.reference_trace is None or request.reference_tokens is None:
             raise EngineViolation("oracle-spec needs the reference tokens and routing trace; the runner records them")
@@ -93,7 +97,7 @@ class OracleSpec(Oracle):
             if key not in e.cache or e.landed(key):
                 continue
             host = host_s + c.host_expert_s(n)
-            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n) and e.cancel(key):
+            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_in_layer_s(n) and e.cancel(key):
                 self.dropped += 1
                 host_s = host
 
@@ -102,7 +106,7 @@ class OracleSpec(Oracle):
             return FETCH
         c = self.engine.costs
         host = c.host_backlog_s() + c.host_expert_s(n_tokens)
-        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n_tokens)
+        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_in_layer_s(n_tokens)
         if host < fetch:
             self.host_calls += 1
             return ON_HOST

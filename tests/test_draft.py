@@ -221,10 +221,14 @@ def test_the_modeled_clock_prices_the_kernel_that_runs():
     assert kernel.runs == "int4mm" and dequant.runs == "dequant"
     assert kernel.bytes_ratio == kernel.stored_ratio  # the kernel reads the packed bytes only
     assert dequant.bytes_ratio == pytest.approx(dequant.stored_ratio + 2)  # + a 16-bit scratch written and read
-    clock = engine.clock
-    t0 = clock.now()
-    kernel.charge_fused([1, 1, 1, 1])
-    t1 = clock.now()
-    dequant.charge_fused([1, 1, 1, 1])
-    t2 = clock.now()
-    assert t2 - t1 > 2 * (t1 - t0)
+    costs, model = engine.clock.costs, engine.clock.costs
+
+    def memory_s(draft):  # the op's weight-streaming time, its launches aside
+        op = model.experts_fused([1, 1, 1, 1], draft.bytes_ratio, draft.kernel)
+        return op.nbytes / (model.profile.mem_bytes_per_s * op.efficiency)
+
+    assert memory_s(dequant) > 2 * memory_s(kernel)  # the scratch's 16-bit write and read
+    before = engine.clock.totals.launches
+    kernel.charge_fused([1, 1, 1, 1])  # the launches its expert path was counted to issue, at the geometry's scale
+    scale = costs.geometry.layer_scale
+    assert engine.clock.totals.launches - before == round((kernel.layer_launches + 4 * kernel.expert_launches) * scale)

@@ -34,7 +34,6 @@ import torch
 from torch import nn
 
 from specterbench.engine import packing
-from specterbench.engine.costs import Op
 from specterbench.engine.geometry import PRICED_DTYPE_BYTES
 from specterbench.engine.lowbit import BF16, INT4_TORCH, kernel_for
 from specterbench.engine.routing import group_tokens
@@ -398,8 +397,6 @@ class QuantizedExperts:
     call records the experts it routed to, so a strategy can read the draft's routing.
     """
 
-    DEQUANT_LAUNCHES = 8  # launches to dequantize one weight (bits gathers and adds, cast, subtract, scale)
-
     def __init__(self, engine, spec: QuantSpec):
         self.engine = engine
         self.spec = spec
@@ -421,6 +418,7 @@ class QuantizedExperts:
         # with: the packed bytes, plus a 16-bit write and read of the scratch where a weight is dequantized
         self.bytes_ratio = self.stored_ratio + 2 * self.dequantized
         self.routing: list[tuple[int, list[int], list[int]]] = []  # (layer, experts, tokens per expert)
+        self.layer_launches, self.expert_launches = self._count_launches()
 
     def allocated_bytes(self) -> int:
         """Storage bytes of every tensor this copy holds on its device, scratch and unpacking tables included."""
@@ -438,26 +436,46 @@ class QuantizedExperts:
         return tuple(p.dequantize(self.engine.compute_dtype) for p in self.packed[key])
 
     def __call__(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
-        groups = group_tokens(top_k_index, top_k_weights, self.engine.num_experts)
+        out, groups = self._compute(layer, act_fn, hidden, top_k_index, top_k_weights)
         self.routing.append((layer, groups.experts, groups.tokens_per_expert))
+        self.charge_fused(groups.tokens_per_expert)
+        return out
+
+    def _compute(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # -> [T, H], TokenGroups
+        groups = group_tokens(top_k_index, top_k_weights, self.engine.num_experts)
         out = torch.zeros_like(hidden)  # [T, H]
         for e, token_idx, scale in groups:  # token_idx [n], scale [n, 1]
             gate_up, down = self.packed[(layer, e)]
             gate, up = gate_up.linear(hidden[token_idx], self.scratch).chunk(2, dim=-1)
             y = down.linear(act_fn(gate) * up, self.scratch) * scale  # [n, H]
             out.index_add_(0, token_idx, y.to(out.dtype))
-        self.charge_fused(groups.tokens_per_expert)
-        return out
+        return out, groups
+
+    def _count_launches(self) -> tuple[int, int]:
+        """(launches once per layer, launches per expert) of :meth:`_compute`, counted on this copy's own kernels
+        under inference mode as the engine runs it (one token routed to one expert, then to two, after a call that
+        builds the lazily made unpacking tables): what :meth:`charge_fused` charges, not a typed constant."""
+        from specterbench.engine.kernels import LaunchCounter
+
+        engine, silu = self.engine, torch.nn.functional.silu
+        h = next(iter(self.packed.values()))[1].shape[0]
+        x = torch.zeros(1, h, dtype=engine.compute_dtype, device=engine.device)  # [1, H]
+        counts = []
+        with torch.inference_mode():
+            for k in (1, 1, 2):  # the first call builds the tables and is not counted
+                idx = torch.arange(k, device=engine.device).view(1, k)  # [1, k]
+                w = torch.full((1, k), 1.0 / k, dtype=engine.compute_dtype, device=engine.device)
+                with LaunchCounter() as counter:
+                    self._compute(0, silu, x, idx, w)
+                counts.append(counter.total)
+        per_expert = counts[2] - counts[1]
+        return counts[1] - per_expert, per_expert
 
     def charge_fused(self, n_tokens) -> None:
-        """Modeled cost of one layer's routed experts as one fused low-bit MoE kernel (the cost model's
-        ``experts_fused``: every routed expert's FLOPs and quantized bytes, one expert's launches); where the
-        format has no low-bit kernel, each expert's weights are also written to and read from the 16-bit scratch,
-        with the dequantization's launches."""
-        engine = self.engine
-        costs = engine.clock.costs
-        engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio, self.kernel))
-        if self.dequantized:
-            g = costs.geometry
-            launches = round(self.DEQUANT_LAUNCHES * 2 * self.dequantized * len(n_tokens) * g.layer_scale)
-            engine.charge(Op(0.0, 0.0, launches))
+        """Modeled cost of one layer's routed experts as one low-bit MoE op (the cost model's ``experts_fused``:
+        every routed expert's FLOPs and quantized bytes, read by the kernel that runs them; where the format has no
+        low-bit kernel, each expert's weights are also written to and read from the 16-bit scratch), with the
+        launches this copy's expert path issues, counted once (:meth:`_count_launches`)."""
+        costs = self.engine.clock.costs
+        launches = round((self.layer_launches + self.expert_launches * len(n_tokens)) * costs.geometry.layer_scale)
+        self.engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio, self.kernel)._replace(launches=launches))

@@ -248,11 +248,11 @@ class WindowCosts:
 
     def device_expert_s(self) -> float:
         """One cached expert computed on the device for one token."""
-        return self.costs.expert_s(1)
+        return self.costs.expert_in_layer_s(1)
 
     def fetch_miss_s(self) -> float:
         """One missed expert of a plain step fetched and computed on the device."""
-        return self.costs.copy_s() + self.costs.expert_s(1)
+        return self.costs.copy_s() + self.costs.expert_in_layer_s(1)
 
     def prior_miss_s(self) -> float:
         copy = self.costs.copy_s()

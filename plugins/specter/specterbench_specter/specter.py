@@ -148,6 +148,7 @@ class Specter(SpeculativeDecoding):
                 engine.prefetch(key)
 
     residents: frozenset = frozenset()
+    popularity: dict = {}  # (layer, expert) -> rank in the calibration counts (0: most used); empty: no calibration
     residents_by_unpopularity: tuple = ()
     parked = ()  # transients' heap entries set aside while the window predicts them
     draft_released = False
@@ -323,7 +324,7 @@ class Specter(SpeculativeDecoding):
             if key not in self.planner.issued or e.landed(key):
                 continue
             host = host_s + c.host_expert_s(n)
-            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_s(n) and e.cancel(key):
+            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_in_layer_s(n) and e.cancel(key):
                 self.planner.issued.discard(key)
                 self.dropped_copies += 1
                 host_s = host

@@ -286,5 +286,5 @@ def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
     engine.begin_request(request)
     strategy.generate(engine, request)
     cached = len(engine.cache)
-    assert calls[0] > 20 and cached > 300
+    assert calls[0] > 20 and cached > 250  # a cache of hundreds of experts
     assert walked[0] / calls[0] < 0.02 * cached  # the old choice listed every candidate per eviction
