@@ -67,6 +67,10 @@ class OracleSpec(Oracle):
     def attach(self, engine):
         super().attach(engine)
         self.host_path = engine.clock.costs.host is not None
+        self.on_warmup_end()
+
+    def on_warmup_end(self):
+        """The counters metrics() reports restart after the runner's warm-up request (and at attach)."""
         self.windows = self.window_tokens = self.mismatches = self.host_calls = self.fetch_calls = self.dropped = 0
 
     def on_warmup_end(self):
