@@ -137,6 +137,7 @@ class Specter(SpeculativeDecoding):
                 engine.prefetch(key)
 
     residents: frozenset = frozenset()
+    popularity: dict = {}  # (layer, expert) -> rank in the calibration set's routing (0: most used); empty before
     draft_released = False
     plain_forecast_ms = spec_forecast_ms = None
 
