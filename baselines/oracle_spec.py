@@ -73,10 +73,6 @@ class OracleSpec(Oracle):
         """The counters metrics() reports restart after the runner's warm-up request (and at attach)."""
         self.windows = self.window_tokens = self.mismatches = self.host_calls = self.fetch_calls = self.dropped = 0
 
-    def on_warmup_end(self):
-        """The runner's warm-up request is over: its windows and calls are not the cell's."""
-        self.windows = self.window_tokens = self.mismatches = self.host_calls = self.fetch_calls = self.dropped = 0
-
     def on_request_start(self, request):
         if request.reference_trace is None or request.reference_tokens is None:
             raise EngineViolation("oracle-spec needs the reference tokens and routing trace; the runner records them")

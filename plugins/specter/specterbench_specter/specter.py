@@ -193,9 +193,6 @@ class Specter(SpeculativeDecoding):
         return spec_per_token_s * (1 + self.RELEASE_MARGIN) > self.plain_without_draft_s(costs)
 
     RECENT = 8  # speculative windows whose realised time per token the release decision reads
-    ROUTED_ENOUGH = 500  # routed (token, expert) pairs of the run before its own coverage replaces the calibration's
-    routed_total = routed_covered = 0
-    big_residents = 0  # residents plain decoding would keep once the draft's bytes are cache
     spec_realised_ms = None
 
     def plain_without_draft_s(self, costs) -> float:
@@ -206,11 +203,8 @@ class Specter(SpeculativeDecoding):
         total = sum(counts) or 1
         e = self.engine
         slots = (e.cache.capacity_bytes + self.draft_bytes(e)) // e.expert_bytes
-        self.big_residents = max(0, slots - e.top_k)
-        uncovered = 1 - sum(counts[:self.big_residents]) / total
-        if self.routed_total >= self.ROUTED_ENOUGH:  # the run's own routing, once enough of it has been seen
-            uncovered = 1 - self.routed_covered / self.routed_total
-        self.plain_forecast_ms = self.governor.plain_step_s(costs, uncovered) * 1e3
+        covered = sum(counts[:max(0, slots - e.top_k)])
+        self.plain_forecast_ms = self.governor.plain_step_s(costs, 1 - covered / total) * 1e3
         return self.plain_forecast_ms / 1e3
 
     def release_draft(self) -> None:
@@ -298,13 +292,6 @@ class Specter(SpeculativeDecoding):
             if self.plan in ("aimed", "rolling") and self.host_path:
                 self.drop_late_copies(layer, experts, tokens_per_expert)
         plain = self.window_k == 0 and getattr(self, "step_tokens", 0) == 1
-        if (self.verifying or plain) and not self.draft_released and self.popularity:
-            # how much of the run's own routing the residents of plain decoding without the draft would cover
-            limit = self.big_residents
-            for e, n in zip(experts, tokens_per_expert):
-                self.routed_total += n
-                if self.popularity.get((layer, e), limit) < limit:
-                    self.routed_covered += n
         if self.verifying or plain:
             cache, issued = self.engine.cache, self.planner.issued
             keys = [(layer, e) for e in experts]
