@@ -30,6 +30,10 @@ class Spec:
     eval_every: int = 50
     aux_batch: float = 0.01  # per-layer load balance over the batch
     aux_seq: float = 0.0  # per-layer load balance within each sequence (the realism lever)
+    #: weight of the expert-reliance loss: hinge pushing the cross-entropy of the same batch with the routed experts
+    #: removed (zero output) up to ``removed_ce_floor`` nats (see train.reliance_loss); 0 = off
+    aux_removed: float = 0.0
+    removed_ce_floor: float = 8.0
     probe_windows: int = 24  # held-out windows for the routing probe logged at each evaluation
     notes: tuple = field(default_factory=tuple)
 

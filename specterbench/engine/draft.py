@@ -35,6 +35,7 @@ SUPPORTED_BITS = {"bnb": (4, 8), "int": (2, 3, 4, 8), "hqq": (2, 3, 4, 8)}
 SUPPORTED_4BIT_TYPES = ("nf4", "fp4")
 DENSE_BITS = (16, 8, 4, 3)  # the draft's dense weights: 16 = shared with the target (no copy)
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+MAX_ERROR_SCALE = 1000.0  # the draft-fidelity calibration's largest scale on a quantization error
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,10 @@ class QuantSpec:
     quant_type: str = "nf4"  # bnb 4-bit only: nf4 | fp4
     blocksize: int = 64  # bnb block / int and hqq group size
     quantizer: str = "bnb"
+    #: draft-fidelity calibration (issue 24): the draft quantizes ``W + (s−1)·(Q(W)−W)`` with this same format —
+    #: real codes of the format whose error is ``s`` times that of W's own rounding; None: the model's calibration
+    #: (``config.draft_error_scale``, from an embedded model's draft_calibration.json; 1.0 when it has none)
+    error_scale: float | None = None
 
     def __post_init__(self):
         if self.quantizer not in QUANTIZERS:
@@ -57,8 +62,23 @@ class QuantSpec:
         if self.blocksize not in BLOCKSIZES or (self.quantizer == "bnb" and self.blocksize < 64):
             raise UsageError(f"unsupported blocksize {self.blocksize}; use a power of two from "
                              f"{32 if self.quantizer != 'bnb' else 64} to 4096")
+        if self.error_scale is not None and not 1.0 <= self.error_scale <= MAX_ERROR_SCALE:
+            raise UsageError(f"error_scale={self.error_scale} is out of range: use a scale on the draft's "
+                             f"quantization error from 1 (none) to {MAX_ERROR_SCALE:g}")
 
-    OPTIONS = ("bits", "quant_type", "blocksize", "quantizer")  # the strategy options that choose a quantization
+    #: the strategy options that choose a quantization
+    OPTIONS = ("bits", "quant_type", "blocksize", "quantizer", "error_scale")
+
+    @property
+    def scale(self) -> float:
+        """The error scale this spec quantizes with (1.0 while it is the model's and not yet resolved)."""
+        return 1.0 if self.error_scale is None else self.error_scale
+
+    def for_model(self, model) -> "QuantSpec":
+        """This spec with the model's own calibration where it names none (:func:`model_error_scale`)."""
+        if self.error_scale is not None:
+            return self
+        return dataclasses.replace(self, error_scale=model_error_scale(model))
 
     @classmethod
     def from_options(cls, options: dict, **defaults) -> "QuantSpec":
@@ -71,13 +91,20 @@ class QuantSpec:
         except (TypeError, ValueError):
             raise UsageError(f"bits and blocksize must be integers, got {options.get('bits')!r} and "
                              f"{options.get('blocksize')!r}") from None
+        scale = options.get("error_scale", base["error_scale"])
+        try:
+            scale = None if scale is None else float(scale)
+        except (TypeError, ValueError):
+            raise UsageError(f"error_scale must be a number from 1 to 100, got {scale!r}") from None
         return cls(bits=bits, quant_type=str(options.get("quant_type", base["quant_type"])), blocksize=blocksize,
-                   quantizer=str(options.get("quantizer", base["quantizer"])))
+                   quantizer=str(options.get("quantizer", base["quantizer"])), error_scale=scale)
 
     def label(self) -> str:
         if self.quantizer == "bnb":
-            return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
-        return f"{self.quantizer}{self.bits}/g{self.blocksize}"
+            name = f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
+        else:
+            name = f"{self.quantizer}{self.bits}/g{self.blocksize}"
+        return name + (f" calibrated ×{self.scale:g}" if self.scale != 1.0 else "")
 
     def tensor_bytes(self, n: int) -> int:
         """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata)."""
@@ -110,8 +137,29 @@ def _shared(engine, store: str, spec: QuantSpec, make):
 
 def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
     """One quantized copy per (engine, spec), shared by the cells that use it (quantizing takes seconds); a
-    parked copy comes back to the device."""
-    return _shared(engine, "_quantized_experts", spec, QuantizedExperts)
+    parked copy comes back to the device. A spec without an error scale takes the model's calibration (the
+    copy's ``spec`` says which)."""
+    return _shared(engine, "_quantized_experts", spec.for_model(engine.model), QuantizedExperts)
+
+
+def model_error_scale(model) -> float:
+    """The draft-fidelity calibration a model carries on its routed experts (``config.draft_error_scale``; 1.0
+    when none)."""
+    return float(getattr(getattr(model, "config", None), "draft_error_scale", None) or 1.0)
+
+
+def model_head_error_scale(model) -> float:
+    """The draft-fidelity calibration a model carries on its draft's output head, applied where the draft has a
+    dense copy (``config.draft_head_error_scale``; 1.0 when none)."""
+    return float(getattr(getattr(model, "config", None), "draft_head_error_scale", None) or 1.0)
+
+
+def dense_copy_specs(model, spec: QuantSpec) -> list[tuple[nn.Linear, QuantSpec]]:
+    """Each linear layer a dense copy replaces with the spec it is quantized with: ``spec``, and for the output
+    head ``spec`` at the model's head calibration (:func:`model_head_error_scale`)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_spec = dataclasses.replace(spec, error_scale=spec.scale * model_head_error_scale(model))
+    return [(m, head_spec if m is head else spec) for m in dense_linears(model)]
 
 
 def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
@@ -160,9 +208,11 @@ class QuantizedDense:
         self.engine, self.spec = engine, spec
         self.nbytes = dense_quantized_bytes(engine, spec)
         self.bytes_ratio = spec.bits_per_weight() / 16
-        self.modules = dense_linears(engine.model)
-        self.weights = [nn.Parameter(roundtrip(m.weight.detach().float(), spec).to(m.weight.dtype),
-                                     requires_grad=False) for m in self.modules]
+        pairs = dense_copy_specs(engine.model, spec)  # the output head at the model's head calibration
+        self.head_error_scale = model_head_error_scale(engine.model)
+        self.modules = [m for m, _ in pairs]
+        self.weights = [nn.Parameter(roundtrip(m.weight.detach().float(), s).to(m.weight.dtype),
+                                     requires_grad=False) for m, s in pairs]
         self._saved: list = []
 
     def __enter__(self):
@@ -261,8 +311,21 @@ def dequantize(packed, state, spec: QuantSpec) -> torch.Tensor:
     return bnbf.dequantize_blockwise(packed, state)
 
 
+def error_scaled(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The weight a calibrated draft quantizes: ``w + (s−1)·(Q(w)−w)`` (``w`` itself at s = 1)."""
+    if spec.scale == 1.0:
+        return w
+    w = w.float()
+    return w + (spec.scale - 1.0) * (_roundtrip(w, spec) - w)
+
+
 def roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """``w`` quantized with ``spec`` and dequantized back (the values the draft computes with)."""
+    """``w`` quantized with ``spec`` (its error scale applied first) and dequantized back (the values the draft
+    computes with)."""
+    return _roundtrip(error_scaled(w, spec), spec)
+
+
+def _roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     if spec.quantizer == "bnb":
         packed, state, _ = quantize(w, spec)
         return dequantize(packed, state, spec)
@@ -289,7 +352,7 @@ class QuantizedExperts:
         self.nbytes = quantized_bytes(engine, spec)
         for key, pair in engine.store.weights.items():
             if self.packed_kernels:  # pragma: no cover - needs CUDA
-                self.packed[key] = tuple(quantize(w.to(engine.device), spec)[:2] for w in pair)
+                self.packed[key] = tuple(quantize(error_scaled(w.to(engine.device), spec), spec)[:2] for w in pair)
             else:
                 self.dense[key] = tuple(roundtrip(w.to(engine.device).float(), spec).to(engine.compute_dtype)
                                         for w in pair)

@@ -1,0 +1,125 @@
+"""Specter's speed-up over the strongest other lossless strategy against the draft's measured acceptance.
+
+    .venv/bin/python scripts/acceptance_sweep.py [--models tiny-mixtral,tiny-qwen-moe] [--bits 4,3,2]
+        [--scales 1,model,2x] [--budgets 35%,50%] [--profile a100-40g-pcie4] [--prompts 4] [--tokens 64]
+        [--out results/acceptance-sweep]
+
+Each model is priced at the geometry it stands for (Mixtral-8x7B, Qwen1.5-MoE). The other lossless strategies run
+once per model; Specter runs once per (draft bits, error scale): the draft's acceptance moves with both, the
+other strategies do not. ``--scales``: numbers, ``model`` (the model's own draft-fidelity calibration) and ``Nx``
+(N times it). Prints one table row per (geometry, budget, bits, scale) and the break-even per-token acceptance per
+geometry and budget: linear interpolation between the two sweep points whose speed-ups straddle 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+OTHERS = "cpu-experts,lru,next-layer-gate,static,activation-aware,specmoeoff,spec-decode"
+
+
+def run(args, model: str, strategies: str, out: Path, run_id: str, sets: list[str]) -> list[dict]:
+    """One ``specterbench run`` (skipped when its rows exist); its rows."""
+    rows = out / run_id / "rows.jsonl"
+    if not rows.is_file():
+        cmd = [sys.executable, "-m", "specterbench.cli", "run", "--model", model, "--strategies", strategies,
+               "--budgets", args.budgets, "--profile", args.profile, "--prompts", str(args.prompts), "--tokens",
+               str(args.tokens), "--out", str(out), "--run-id", run_id, "--quiet"]
+        for s in sets:
+            cmd += ["--set", s]
+        print("$", " ".join(cmd[2:]), flush=True)
+        subprocess.run(cmd, check=True)
+    return [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+
+
+def model_scale(model: str) -> float:
+    from specterbench import embedded
+    from specterbench.embedded.fidelity import error_scale_of
+
+    return error_scale_of(embedded.model_dir(model))
+
+
+def parse_scales(text: str, own: float) -> list[float]:
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if item == "model":
+            out.append(own)
+        elif item.endswith("x"):
+            out.append(round(float(item[:-1]) * own, 3))
+        else:
+            out.append(float(item))
+    return sorted({max(1.0, min(100.0, s)) for s in out})
+
+
+def break_even(points: list[tuple[float, float]]) -> float | None:
+    """The acceptance at which speed-up crosses 1.0 (points: (acceptance, speed-up)), None if it never does."""
+    pts = sorted(points)
+    for (a0, s0), (a1, s1) in zip(pts, pts[1:]):
+        if (s0 - 1.0) * (s1 - 1.0) <= 0 and s0 != s1:
+            return a0 + (1.0 - s0) * (a1 - a0) / (s1 - s0)
+    return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="tiny-mixtral,tiny-qwen-moe")
+    p.add_argument("--bits", default="4,3,2")
+    p.add_argument("--scales", default="1,model,2x")
+    p.add_argument("--budgets", default="35%,50%")
+    p.add_argument("--profile", default="a100-40g-pcie4")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--others", default=OTHERS, help="the other lossless strategies to beat")
+    p.add_argument("--out", type=Path, default=Path("results/acceptance-sweep"))
+    args = p.parse_args(argv)
+    table = ["| geometry | budget | draft | per-token acceptance | mean accepted length | Specter TPOT ms | strongest "
+             "other | its TPOT ms | speed-up |", "|---|---:|---|---:|---:|---:|---|---:|---:|"]
+    crossings = []
+    for model in args.models.split(","):
+        own = model_scale(model)
+        tag = f"{model}-{args.profile}-{args.prompts}x{args.tokens}"
+        others = run(args, model, args.others, args.out, f"{tag}-others", [])
+        best: dict[float, dict] = {}
+        for r in others:
+            if r.get("lossless_strategy") and r.get("tpot_ms") is not None:
+                b = round(r["budget_fraction"], 3)
+                if b not in best or r["tpot_ms"] < best[b]["tpot_ms"]:
+                    best[b] = r
+        points: dict[float, list] = {}
+        for bits in (int(b) for b in args.bits.split(",")):
+            for scale in parse_scales(args.scales, own):
+                rows = run(args, model, "specter", args.out, f"{tag}-specter-int{bits}-x{scale:g}",
+                           [f"specter.bits={bits}", f"specter.error_scale={scale}"])
+                for r in rows:
+                    b = round(r["budget_fraction"], 3)
+                    extra = r.get("extra") or {}
+                    alpha = extra.get("per_token_acceptance")
+                    speed = best[b]["tpot_ms"] / r["tpot_ms"]
+                    points.setdefault(b, []).append((alpha, speed))
+                    mean_len = extra.get("mean_accepted_tokens")
+                    table.append(f"| {r['geometry_label']} | {b:.0%} | int{bits}/g128 ×{scale:g} | "
+                                 f"{alpha if alpha is None else format(alpha, '.3f')} | "
+                                 f"{'–' if mean_len is None else format(mean_len, '.2f')} | {r['tpot_ms']:.1f} | "
+                                 f"{best[b]['strategy']} | {best[b]['tpot_ms']:.1f} | {speed:.2f}× |")
+                    geometry = r["geometry_label"]
+        for b, pts in sorted(points.items()):
+            pts = [(a, s) for a, s in pts if a is not None]
+            be = break_even(pts)
+            crossings.append(f"- {geometry} at {b:.0%}: break-even acceptance "
+                             + (f"≈{be:.3f}" if be is not None else
+                                f"not crossed in the sweep (speed-up {min(s for _, s in pts):.2f}–"
+                                f"{max(s for _, s in pts):.2f}× over acceptance {min(a for a, _ in pts):.3f}–"
+                                f"{max(a for a, _ in pts):.3f})"))
+    print("\n".join(table))
+    print()
+    print("\n".join(crossings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
