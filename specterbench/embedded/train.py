@@ -340,8 +340,16 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
     }
     (out_dir / "training.json").write_text(json.dumps(info, indent=1) + "\n")
     if not card:
-        log(f"[{name}] done in {time.time() - t_start:.0f}s -> {out_dir} (no card: --no-card)")
+        log(f"[{name}] done in {time.time() - t_start:.0f}s -> {out_dir} (no calibration, no card: --no-card)")
         return out_dir
+    from specterbench.embedded import fidelity
+
+    m, tokenizer = embedded.load(name, dtype=torch.float32, path=out_dir)
+    calibration = fidelity.fit_calibration(m, tokenizer, spec.seq_len, log=log)
+    (out_dir / fidelity.CALIBRATION_FILE).write_text(calibration.to_json())
+    del m
+    log(f"[{name}] draft-fidelity calibration: routed experts ×{calibration.error_scale}, head "
+        f"×{calibration.head_error_scale} -> {out_dir / fidelity.CALIBRATION_FILE}")
     try:
         from specterbench.embedded import card
 
@@ -363,7 +371,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None, help="output dir (default: the package's models/<NAME>)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a training setting (aux_seq=0.05) or config key (config.num_experts=32)")
-    p.add_argument("--no-card", action="store_true", help="skip CARD.md and the realism report (an experiment)")
+    p.add_argument("--no-card", action="store_true",
+                   help="skip the draft calibration, CARD.md and the realism report (an experiment)")
     args = p.parse_args(argv)
     overrides = dict(item.split("=", 1) for item in args.set)
     train(args.model, steps=args.steps, minutes=args.minutes, seed=args.seed, out_dir=args.out,
