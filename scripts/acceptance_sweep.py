@@ -1,13 +1,13 @@
 """Specter's speed-up over the strongest other lossless strategy against the draft's measured acceptance.
 
     .venv/bin/python scripts/acceptance_sweep.py [--models tiny-mixtral,tiny-qwen-moe] [--bits 4,3,2]
-        [--scales 1,model,2x] [--budgets 35%,50%] [--profile a100-40g-pcie4] [--prompts 4] [--tokens 64]
+        [--scales off,model,2x] [--budgets 35%,50%] [--profile a100-40g-pcie4] [--prompts 4] [--tokens 64]
         [--out results/acceptance-sweep]
 
 Each model is priced at the geometry it stands for (Mixtral-8x7B, Qwen1.5-MoE). The other lossless strategies run
 once per model; Specter runs once per (draft bits, error scale): the draft's acceptance moves with both, the
-other strategies do not. ``--scales``: numbers, ``model`` (the model's own draft-fidelity calibration) and ``Nx``
-(N times it). Prints one table row per (geometry, budget, bits, scale) and the break-even per-token acceptance per
+other strategies do not. ``--scales``: ``off`` (no calibration), ``model`` (the model's own draft-fidelity calibration:
+routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table row per (geometry, budget, bits, scale) and the break-even per-token acceptance per
 geometry and budget: linear interpolation between the two sweep points whose speed-ups straddle 1.0.
 """
 
@@ -36,24 +36,31 @@ def run(args, model: str, strategies: str, out: Path, run_id: str, sets: list[st
     return [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
 
 
-def model_scale(model: str) -> float:
+def model_scales(model: str) -> tuple[float, float]:
+    """The model's draft-fidelity calibration: (routed experts' error scale, output head's)."""
     from specterbench import embedded
-    from specterbench.embedded.fidelity import error_scale_of
+    from specterbench.embedded.fidelity import load_calibration
 
-    return error_scale_of(embedded.model_dir(model))
+    cal = load_calibration(embedded.model_dir(model))
+    return (cal.error_scale, cal.head_error_scale) if cal is not None else (1.0, 1.0)
 
 
-def parse_scales(text: str, own: float) -> list[float]:
+def parse_scales(text: str, own: tuple[float, float]) -> list[tuple[str, float, float]]:
+    """``off`` (no calibration), ``model`` (the model's), ``Nx`` (N times the model's scales): a list of
+    ``(label, experts' scale, head's scale)``."""
     out = []
-    for item in text.split(","):
-        item = item.strip()
-        if item == "model":
-            out.append(own)
+    for item in (i.strip() for i in text.split(",")):
+        if item == "off":
+            out.append(("uncalibrated", 1.0, 1.0))
+        elif item == "model":
+            out.append((f"calibrated ×{own[0]:g} / head ×{own[1]:g}", *own))
         elif item.endswith("x"):
-            out.append(round(float(item[:-1]) * own, 3))
+            f = float(item[:-1])
+            e, h = max(1.0, f * own[0]), max(1.0, f * own[1])
+            out.append((f"{item} the calibration ×{e:.3g} / head ×{h:.3g}", e, h))
         else:
-            out.append(float(item))
-    return sorted({max(1.0, min(100.0, s)) for s in out})
+            raise SystemExit(f"--scales: {item!r} is not off, model or Nx (e.g. 2x)")
+    return out
 
 
 def break_even(points: list[tuple[float, float]]) -> float | None:
@@ -69,7 +76,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="tiny-mixtral,tiny-qwen-moe")
     p.add_argument("--bits", default="4,3,2")
-    p.add_argument("--scales", default="1,model,2x")
+    p.add_argument("--scales", default="off,model,2x")
     p.add_argument("--budgets", default="35%,50%")
     p.add_argument("--profile", default="a100-40g-pcie4")
     p.add_argument("--prompts", type=int, default=4)
@@ -81,7 +88,7 @@ def main(argv=None) -> int:
              "other | its TPOT ms | speed-up |", "|---|---:|---|---:|---:|---:|---|---:|---:|"]
     crossings = []
     for model in args.models.split(","):
-        own = model_scale(model)
+        own = model_scales(model)
         tag = f"{model}-{args.profile}-{args.prompts}x{args.tokens}"
         others = run(args, model, args.others, args.out, f"{tag}-others", [])
         best: dict[float, dict] = {}
@@ -92,9 +99,10 @@ def main(argv=None) -> int:
                     best[b] = r
         points: dict[float, list] = {}
         for bits in (int(b) for b in args.bits.split(",")):
-            for scale in parse_scales(args.scales, own):
-                rows = run(args, model, "specter", args.out, f"{tag}-specter-int{bits}-x{scale:g}",
-                           [f"specter.bits={bits}", f"specter.error_scale={scale}"])
+            for label, scale, head in parse_scales(args.scales, own):
+                rows = run(args, model, "specter", args.out, f"{tag}-specter-int{bits}-x{scale:g}-h{head:g}",
+                           [f"specter.bits={bits}", f"specter.error_scale={scale}",
+                            f"specter.head_error_scale={head}"])
                 for r in rows:
                     b = round(r["budget_fraction"], 3)
                     extra = r.get("extra") or {}
@@ -102,11 +110,11 @@ def main(argv=None) -> int:
                     speed = best[b]["tpot_ms"] / r["tpot_ms"]
                     points.setdefault(b, []).append((alpha, speed))
                     mean_len = extra.get("mean_accepted_tokens")
-                    table.append(f"| {r['geometry_label']} | {b:.0%} | int{bits}/g128 ×{scale:g} | "
+                    table.append(f"| {r['geometry']} | {b:.0%} | int{bits}/g128 {label} | "
                                  f"{alpha if alpha is None else format(alpha, '.3f')} | "
                                  f"{'–' if mean_len is None else format(mean_len, '.2f')} | {r['tpot_ms']:.1f} | "
                                  f"{best[b]['strategy']} | {best[b]['tpot_ms']:.1f} | {speed:.2f}× |")
-                    geometry = r["geometry_label"]
+                    geometry = r["geometry"]
         for b, pts in sorted(points.items()):
             pts = [(a, s) for a, s in pts if a is not None]
             be = break_even(pts)

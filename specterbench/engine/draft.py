@@ -48,6 +48,8 @@ class QuantSpec:
     #: real codes of the format whose error is ``s`` times that of W's own rounding; None: the model's calibration
     #: (``config.draft_error_scale``, from an embedded model's draft_calibration.json; 1.0 when it has none)
     error_scale: float | None = None
+    #: a dense copy's only: the calibration of its output head (None: the model's ``config.draft_head_error_scale``)
+    head_error_scale: float | None = None
 
     def __post_init__(self):
         if self.quantizer not in QUANTIZERS:
@@ -62,9 +64,11 @@ class QuantSpec:
         if self.blocksize not in BLOCKSIZES or (self.quantizer == "bnb" and self.blocksize < 64):
             raise UsageError(f"unsupported blocksize {self.blocksize}; use a power of two from "
                              f"{32 if self.quantizer != 'bnb' else 64} to 4096")
-        if self.error_scale is not None and not 1.0 <= self.error_scale <= MAX_ERROR_SCALE:
-            raise UsageError(f"error_scale={self.error_scale} is out of range: use a scale on the draft's "
-                             f"quantization error from 1 (none) to {MAX_ERROR_SCALE:g}")
+        for name in ("error_scale", "head_error_scale"):
+            value = getattr(self, name)
+            if value is not None and not 1.0 <= value <= MAX_ERROR_SCALE:
+                raise UsageError(f"{name}={value} is out of range: use a scale on the draft's quantization error "
+                                 f"from 1 (none) to {MAX_ERROR_SCALE:g}")
 
     #: the strategy options that choose a quantization
     OPTIONS = ("bits", "quant_type", "blocksize", "quantizer", "error_scale")
@@ -158,11 +162,12 @@ def dense_copy_specs(model, spec: QuantSpec) -> list[tuple[nn.Linear, QuantSpec]
     """Each linear layer a dense copy replaces with the spec it is quantized with: ``spec``, and for the output
     head ``spec`` at the model's head calibration (:func:`model_head_error_scale`)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    head_spec = dataclasses.replace(spec, error_scale=spec.scale * model_head_error_scale(model))
+    head_scale = spec.head_error_scale if spec.head_error_scale is not None else model_head_error_scale(model)
+    head_spec = dataclasses.replace(spec, error_scale=spec.scale * head_scale)
     return [(m, head_spec if m is head else spec) for m in dense_linears(model)]
 
 
-def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
+def dense_spec(bits, blocksize: int = 64, head_error_scale=None) -> QuantSpec | None:
     """The spec of a draft's dense copy at ``bits`` (the project's int quantizer), None for 16 (no copy); a
     one-line UsageError for bits outside :data:`DENSE_BITS`."""
     try:
@@ -172,7 +177,14 @@ def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
     if n not in DENSE_BITS:
         raise UsageError(f"option dense_bits={bits} is invalid: use one of {', '.join(map(str, DENSE_BITS))} "
                          f"(16: the draft shares the target's attention, shared experts and head)")
-    return None if n == 16 else QuantSpec(bits=n, blocksize=blocksize, quantizer="int")
+    if head_error_scale is not None:
+        try:
+            head_error_scale = float(head_error_scale)
+        except (TypeError, ValueError):
+            raise UsageError(f"head_error_scale must be a number from 1 to {MAX_ERROR_SCALE:g}, got "
+                             f"{head_error_scale!r}") from None
+    return None if n == 16 else QuantSpec(bits=n, blocksize=blocksize, quantizer="int",
+                                          head_error_scale=head_error_scale)
 
 
 def dense_params(geometry) -> float:
@@ -209,7 +221,8 @@ class QuantizedDense:
         self.nbytes = dense_quantized_bytes(engine, spec)
         self.bytes_ratio = spec.bits_per_weight() / 16
         pairs = dense_copy_specs(engine.model, spec)  # the output head at the model's head calibration
-        self.head_error_scale = model_head_error_scale(engine.model)
+        self.head_error_scale = (spec.head_error_scale if spec.head_error_scale is not None
+                                 else model_head_error_scale(engine.model))
         self.modules = [m for m, _ in pairs]
         self.weights = [nn.Parameter(roundtrip(m.weight.detach().float(), s).to(m.weight.dtype),
                                      requires_grad=False) for m, s in pairs]
@@ -241,9 +254,11 @@ def shared_dense(engine, spec: QuantSpec | None) -> QuantizedDense | None:
     return None if spec is None else _shared(engine, "_quantized_dense", spec, QuantizedDense)
 
 
-def draft_label(spec: QuantSpec, dense: QuantSpec | None = None) -> str:
-    """``int3/g128``, or ``int3/g128 + dense int8/g64`` for a draft with its own dense copy."""
-    return spec.label() + (f" + dense {dense.label()}" if dense else "")
+def draft_label(spec: QuantSpec, dense: QuantSpec | None = None, head_error_scale: float = 1.0) -> str:
+    """``int3/g128``, or ``int3/g128 + dense int8/g64`` for a draft with its own dense copy (``(head calibrated
+    ×h)`` when the copy's output head carries a calibration)."""
+    head = f" (head calibrated ×{head_error_scale:g})" if dense and head_error_scale != 1.0 else ""
+    return spec.label() + (f" + dense {dense.label()}{head}" if dense else "")
 
 
 def park_unclaimed(engine, strategy=None) -> None:

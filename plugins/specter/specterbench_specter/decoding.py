@@ -89,12 +89,13 @@ class SpeculativeDecoding(Strategy):
 
     @classmethod
     def option_names(cls):
-        return ("k", "dense_bits", *QuantSpec.OPTIONS)
+        return ("k", "dense_bits", "head_error_scale", *QuantSpec.OPTIONS)
 
     @classmethod
     def dense_spec_of(cls, options: dict):
         """The spec of the draft's dense copy (``--set NAME.dense_bits=4``), None when it shares the target's."""
-        return dense_spec(options.get("dense_bits", cls.dense_bits_default))
+        return dense_spec(options.get("dense_bits", cls.dense_bits_default),
+                          head_error_scale=options.get("head_error_scale"))  # None: the model's calibration
 
     @classmethod
     def parse_depth(cls, value):
@@ -293,7 +294,8 @@ class SpeculativeDecoding(Strategy):
         m = {
             "k": self.k,
             "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
-            "draft_quant": draft_label(self.draft.spec, self.dense_spec),  # the calibration the copy took
+            "draft_quant": draft_label(self.draft.spec, self.dense_spec,  # the calibration the copies took
+                                       self.dense.head_error_scale if self.dense else 1.0),
             "draft_bits_per_weight": round(self.spec.bits_per_weight(), 3),
             "draft_dense_bits": self.dense_spec.bits if self.dense_spec else 16,
             "draft_device_bytes": self.draft_bytes(self.engine),

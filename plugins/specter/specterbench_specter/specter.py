@@ -59,7 +59,7 @@ class Specter(SpeculativeDecoding):
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", "dense_bits", *QuantSpec.OPTIONS)
+        return ("k", "host", "dense_bits", "head_error_scale", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 
