@@ -53,7 +53,13 @@ SPECS: dict[str, Spec] = {
         ),
         steps=200,
         aux_seq=0.03,
+        aux_removed=1.0,
         notes=(
+            "- Experts matter (issue 24; agreement with the routed experts removed, greedy / sampled T=1, 4 held-out "
+            "windows): the previous shipped model .31/.41 (EVIDENCE §2); with the expert-reliance loss × 1.0 "
+            "(shipped) .086/.216, held-out loss 5.13 (5.18 before). Routing probe with it: step 50 "
+            ".471/.747/.874/60.3 (more local than without it early on), step 150 .354/.574/.780/48.0, end "
+            ".348/.565/.776/47.1.",
             "- Lever: a within-sequence balance loss (`aux_seq`). Routing probe (24 held-out windows, model-level "
             "LRU ρ=1 / ρ=2 / Belady ρ=2 / SRP) at step 50: batch balance only (0.01) .489/.805/.894/60.6 — far "
             "more local than Mixtral, as the previous shipped model (.492/.754/.881/60.2 after 800 steps); with "
