@@ -7,8 +7,10 @@
 Each model is priced at the geometry it stands for (Mixtral-8x7B, Qwen1.5-MoE). The other lossless strategies run
 once per model; Specter runs once per (draft bits, error scale): the draft's acceptance moves with both, the
 other strategies do not. ``--scales``: ``off`` (no calibration), ``model`` (the model's own draft-fidelity calibration:
-routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table row per (geometry, budget, bits, scale) and the break-even per-token acceptance per
-geometry and budget: linear interpolation between the two sweep points whose speed-ups straddle 1.0.
+routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table row per (geometry, budget, bits, scale) — the draft's per-token agreement with its target
+(sampled at the default decode, teacher-forced on held-out text: the acceptance it offers), Specter's measured
+per-token acceptance where it drafted, and its speed-up — and the break-even agreement per geometry and budget:
+linear interpolation between the two sweep points whose speed-ups straddle 1.0.
 """
 
 from __future__ import annotations
@@ -63,6 +65,29 @@ def parse_scales(text: str, own: tuple[float, float]) -> list[tuple[str, float, 
     return out
 
 
+def draft_agreement(model_name: str, bits: int, scale: float, head: float, windows: int = 4) -> float:
+    """The draft's per-token agreement with its target, sampled at the default decode and teacher-forced on
+    held-out windows (:mod:`specterbench.embedded.fidelity`): the acceptance the draft offers, whatever K the
+    governor then takes (none, when it predicts plain decoding cheaper)."""
+    import torch
+
+    from specterbench import embedded
+    from specterbench.embedded import fidelity
+    from specterbench.engine.draft import QuantSpec, dense_spec
+
+    torch.set_num_threads(1)
+    if model_name not in _LOADED:
+        model, tok = embedded.load(model_name)
+        _LOADED[model_name] = (model, fidelity.text_windows(tok, windows, 256))
+    model, held = _LOADED[model_name]
+    spec = QuantSpec(bits=bits, blocksize=128, quantizer="int", error_scale=scale)
+    return fidelity.agreement(model, fidelity.draft_copy(model, spec, dense_spec(8, head_error_scale=head)),
+                              held).sampled
+
+
+_LOADED: dict = {}
+
+
 def break_even(points: list[tuple[float, float]]) -> float | None:
     """The acceptance at which speed-up crosses 1.0 (points: (acceptance, speed-up)), None if it never does."""
     pts = sorted(points)
@@ -84,8 +109,9 @@ def main(argv=None) -> int:
     p.add_argument("--others", default=OTHERS, help="the other lossless strategies to beat")
     p.add_argument("--out", type=Path, default=Path("results/acceptance-sweep"))
     args = p.parse_args(argv)
-    table = ["| geometry | budget | draft | per-token acceptance | mean accepted length | Specter TPOT ms | strongest "
-             "other | its TPOT ms | speed-up |", "|---|---:|---|---:|---:|---:|---|---:|---:|"]
+    table = ["| geometry | budget | draft | draft agreement (sampled, teacher-forced) | Specter per-token acceptance | "
+             "mean accepted length | K = 0 share | Specter TPOT ms | strongest other | its TPOT ms | speed-up |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     crossings = []
     for model in args.models.split(","):
         own = model_scales(model)
@@ -103,22 +129,26 @@ def main(argv=None) -> int:
                 rows = run(args, model, "specter", args.out, f"{tag}-specter-int{bits}-x{scale:g}-h{head:g}",
                            [f"specter.bits={bits}", f"specter.error_scale={scale}",
                             f"specter.head_error_scale={head}"])
+                agree = draft_agreement(model, bits, scale, head)
                 for r in rows:
                     b = round(r["budget_fraction"], 3)
                     extra = r.get("extra") or {}
                     alpha = extra.get("per_token_acceptance")
                     speed = best[b]["tpot_ms"] / r["tpot_ms"]
-                    points.setdefault(b, []).append((alpha, speed))
+                    points.setdefault(b, []).append((agree, speed))
                     mean_len = extra.get("mean_accepted_tokens")
-                    table.append(f"| {r['geometry']} | {b:.0%} | int{bits}/g128 {label} | "
-                                 f"{alpha if alpha is None else format(alpha, '.3f')} | "
-                                 f"{'–' if mean_len is None else format(mean_len, '.2f')} | {r['tpot_ms']:.1f} | "
+                    hist = {int(k): n for k, n in (extra.get("k_hist") or {}).items()}
+                    k0 = hist.get(0, 0) / sum(hist.values()) if hist else None
+                    table.append(f"| {r['geometry']} | {b:.0%} | int{bits}/g128 {label} | {agree:.3f} | "
+                                 f"{'–' if alpha is None else format(alpha, '.3f')} | "
+                                 f"{'–' if mean_len is None else format(mean_len, '.2f')} | "
+                                 f"{'–' if k0 is None else format(k0, '.2f')} | {r['tpot_ms']:.1f} | "
                                  f"{best[b]['strategy']} | {best[b]['tpot_ms']:.1f} | {speed:.2f}× |")
                     geometry = r["geometry"]
         for b, pts in sorted(points.items()):
             pts = [(a, s) for a, s in pts if a is not None]
             be = break_even(pts)
-            crossings.append(f"- {geometry} at {b:.0%}: break-even acceptance "
+            crossings.append(f"- {geometry} at {b:.0%}: break-even draft agreement "
                              + (f"≈{be:.3f}" if be is not None else
                                 f"not crossed in the sweep (speed-up {min(s for _, s in pts):.2f}–"
                                 f"{max(s for _, s in pts):.2f}× over acceptance {min(a for a, _ in pts):.3f}–"
