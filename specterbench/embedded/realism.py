@@ -264,15 +264,29 @@ def fidelity_rows(model, tokenizer, seq_len: int, size: ReportSize = DEFAULT_SIZ
         head = model_head_error_scale(model)
         label = f"{spec.label()} + dense {dense.label()}" + (f" (head calibrated ×{head:g})" if head != 1.0 else "")
         out["drafts"][f"int{bits}/g128"] = {"label": label, **asdict(row)}
-    int4 = out["drafts"]["int4/g128"]
-    for key, (lo, hi) in fidelity.INT4_BANDS.items():
-        checks[f"int4_{key}"] = {"value": int4[key], "band": [lo, hi], "ok": bool(lo <= int4[key] <= hi)}
-    d = out["drafts"]
-    two, three, four = d["int2/g128"], d["int3/g128"], d["int4/g128"]
-    checks["lower_bits_worse"] = {"ok": bool(two["exact_set"] < three["exact_set"] < four["exact_set"]
-                                             and two["kl_nats"] > three["kl_nats"] > four["kl_nats"]
-                                             and two["greedy"] <= three["greedy"] <= four["greedy"])}
+    out["checks"] = {**checks, **draft_checks(out["drafts"])}
     return out
+
+
+def draft_checks(drafts: dict) -> dict:
+    """The int4/g128 draft within the bands of :data:`fidelity.INT4_BANDS`, and fewer bits worse by the model's own
+    behaviour: int3 and int2 below int4 (exact expert set and greedy agreement lower or equal, KL higher) and int2
+    below int3 in what quantizing the experts decides (exact expert set, KL) — their greedy agreement can tie within
+    a few tokens where the calibrated head sets it."""
+    from specterbench.embedded import fidelity
+
+    four, three, two = drafts["int4/g128"], drafts["int3/g128"], drafts["int2/g128"]
+    checks = {}
+    for key, (lo, hi) in fidelity.INT4_BANDS.items():
+        checks[f"int4_{key}"] = {"value": four[key], "band": [lo, hi], "ok": bool(lo <= four[key] <= hi)}
+
+    def worse(a, b, greedy=True):
+        return a["exact_set"] < b["exact_set"] and a["kl_nats"] > b["kl_nats"] and (
+            not greedy or a["greedy"] <= b["greedy"])
+
+    checks["lower_bits_worse"] = {"ok": bool(worse(three, four) and worse(two, four)
+                                             and worse(two, three, greedy=False))}
+    return checks
 
 
 def format_fidelity(rep: dict) -> str:
