@@ -9,8 +9,8 @@ once per model; Specter runs once per (draft bits, error scale): the draft's acc
 other strategies do not. ``--scales``: ``off`` (no calibration), ``model`` (the model's own draft-fidelity calibration:
 routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table row per (geometry, budget, bits, scale) — the draft's per-token agreement with its target
 (sampled at the default decode, teacher-forced on held-out text: the acceptance it offers), Specter's measured
-per-token acceptance where it drafted, and its speed-up — and the break-even agreement per geometry and budget:
-linear interpolation between the two sweep points whose speed-ups straddle 1.0.
+per-token acceptance where it drafted, and its speed-up — and per geometry and budget the bracket of the break-even agreement: the highest swept agreement at which Specter
+does not beat the strongest other strategy and the lowest above it at which it does.
 """
 
 from __future__ import annotations
@@ -88,13 +88,15 @@ def draft_agreement(model_name: str, bits: int, scale: float, head: float, windo
 _LOADED: dict = {}
 
 
-def break_even(points: list[tuple[float, float]]) -> float | None:
-    """The acceptance at which speed-up crosses 1.0 (points: (acceptance, speed-up)), None if it never does."""
-    pts = sorted(points)
-    for (a0, s0), (a1, s1) in zip(pts, pts[1:]):
-        if (s0 - 1.0) * (s1 - 1.0) <= 0 and s0 != s1:
-            return a0 + (1.0 - s0) * (a1 - a0) / (s1 - s0)
-    return None
+def break_even(points: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """Where Specter stops winning (points: (draft agreement, speed-up)): the highest agreement at which it does not
+    win (speed-up ≤ 1.0) and the lowest agreement above that at which it does; None where the sweep has no such
+    point. (Not an interpolation: below its break-even the governor drafts less or not at all, so the speed-up
+    flattens at ≈1.0× or drops, it does not fall along a line.)"""
+    losing = [a for a, s in points if s <= 1.0]
+    below = max(losing) if losing else None
+    winning = [a for a, s in points if s > 1.0 and (below is None or a > below)]
+    return below, (min(winning) if winning else None)
 
 
 def main(argv=None) -> int:
@@ -147,12 +149,12 @@ def main(argv=None) -> int:
                     geometry = r["geometry"]
         for b, pts in sorted(points.items()):
             pts = [(a, s) for a, s in pts if a is not None]
-            be = break_even(pts)
-            crossings.append(f"- {geometry} at {b:.0%}: break-even draft agreement "
-                             + (f"≈{be:.3f}" if be is not None else
-                                f"not crossed in the sweep (speed-up {min(s for _, s in pts):.2f}–"
-                                f"{max(s for _, s in pts):.2f}× over acceptance {min(a for a, _ in pts):.3f}–"
-                                f"{max(a for a, _ in pts):.3f})"))
+            below, above = break_even(pts)
+            crossings.append(f"- {geometry} at {b:.0%}: Specter "
+                             + (f"does not win at draft agreement ≤ {below:.3f}" if below is not None
+                                else "wins at every swept agreement")
+                             + (f", wins from {above:.3f}" if above is not None else ", wins at none swept")
+                             + (" (break-even between)" if below is not None and above is not None else ""))
     print("\n".join(table))
     print()
     print("\n".join(crossings))
