@@ -45,8 +45,10 @@ class QuantSpec:
     blocksize: int = 64  # bnb block / int and hqq group size
     quantizer: str = "bnb"
     #: draft-fidelity calibration (issue 24): the draft quantizes ``W + (s−1)·(Q(W)−W)`` with this same format —
-    #: real codes of the format whose error is ``s`` times that of W's own rounding; None: the model's calibration
-    #: (``config.draft_error_scale``, from an embedded model's draft_calibration.json; 1.0 when it has none)
+    #: real codes of the format that err more as ``s`` grows (about (s−1)× W's own rounding error from s ≈ 4; below
+    #: that the points mostly keep their codes and the wider group ranges move the grid; draft_calibration.json
+    #: records the realized RMS ratio); None: the model's calibration (``config.draft_error_scale``, from an
+    #: embedded model's draft_calibration.json; 1.0 when it has none)
     error_scale: float | None = None
     #: a dense copy's only: the calibration of its output head (None: the model's ``config.draft_head_error_scale``)
     head_error_scale: float | None = None
@@ -99,7 +101,7 @@ class QuantSpec:
         try:
             scale = None if scale is None else float(scale)
         except (TypeError, ValueError):
-            raise UsageError(f"error_scale must be a number from 1 to 100, got {scale!r}") from None
+            raise UsageError(f"error_scale must be a number from 1 to {MAX_ERROR_SCALE:g}, got {scale!r}") from None
         return cls(bits=bits, quant_type=str(options.get("quant_type", base["quant_type"])), blocksize=blocksize,
                    quantizer=str(options.get("quantizer", base["quantizer"])), error_scale=scale)
 
