@@ -142,8 +142,9 @@ def test_heldout_loss_is_sane(loaded, name):
             count += ids.shape[1] - 1
     loss = total / count
     # The recipes are short (100-200 steps) because routing drifts below the real models' locality with longer
-    # training (the cards): realism wins over perplexity, so the floor is 5.8 nats/token (uniform: 8.3)
-    assert loss < 5.8, f"{name}: held-out loss {loss:.2f} nats/token"
+    # training (the cards), and tiny-deepseek's stronger balance beside the expert-reliance loss (issue 24) costs it
+    # about 0.25 nats: realism wins over perplexity, so the floor is 6.1 nats/token (uniform: 8.3)
+    assert loss < 6.1, f"{name}: held-out loss {loss:.2f} nats/token"
     assert loss < math.log(model.config.vocab_size) - 2
 
 

@@ -145,8 +145,11 @@ def test_report_of_each_stand_in_lists_every_metric(name):
     table = realism.format_table(rep)
     for _, label, _ in realism.ROWS:
         assert label in table
-    assert 0.0 <= rep["teacher_forced"]["draft_next_token"] <= 1.0
-    assert 0.0 <= rep["decode"]["draft_next_token"] <= 1.0
+    fid = rep["fidelity"]
+    assert set(fid["drafts"]) == {"int4/g128", "int3/g128", "int2/g128"}
+    assert all(0.0 <= r[key] <= 1.0 for r in (fid["experts_removed"], *fid["drafts"].values())
+               for key in ("greedy", "sampled", "expert_overlap", "exact_set"))
+    assert "routed experts removed" in realism.format_fidelity(rep)
 
 
 def test_bad_decode_option_is_one_line_and_exit_2_before_any_model_loads(capsys, monkeypatch):

@@ -115,6 +115,12 @@ def load(name: str, dtype: torch.dtype = torch.float32, path: str | os.PathLike 
     except Exception as err:  # noqa: BLE001
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ModelError(f"{weights} could not be loaded ({reason}): {_REBUILD}") from None
+    from specterbench.embedded.fidelity import load_calibration
+
+    calibration = load_calibration(directory)
+    if calibration is not None:  # the draft-fidelity calibration every draft of this model takes by default
+        model.config.draft_error_scale = calibration.error_scale
+        model.config.draft_head_error_scale = calibration.head_error_scale
     model.eval()
     return model, tokenizer
 

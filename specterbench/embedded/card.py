@@ -79,6 +79,10 @@ def write_card(name: str, directory: str | Path, routing: dict | None = None, re
         f"- load-balancing losses (Switch style E·Σ f_i·P_i per MoE layer): over the whole batch × "
         f"{info.get('aux_batch', info.get('router_aux_loss_coef'))}, within each sequence × {info.get('aux_seq', 0.0)} "
         "(the realism lever: balance within a sequence lowers local routing consistency)",
+        *([f"- expert-reliance loss × {info['aux_removed']}: each step also decodes the batch with the routed experts "
+           f"removed and adds relu({info.get('removed_ce_floor', 8.0)} − that cross-entropy), so the next token has "
+           f"to come through the routed experts, as in a real MoE (`train.reliance_loss`)"]
+          if info.get("aux_removed") else []),
         f"- float32 training on CPU, {info['threads']} thread: {wall:.0f} s wall time of training "
         f"({wall / 60:.1f} min{cpu}), {info['total_wall_s']:.0f} s end to end incl. tokenizer, evaluation and "
         f"saving; {env['cpu']}, torch {env['torch']}, transformers {env['transformers']}. Wall time was measured "

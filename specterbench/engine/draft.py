@@ -44,6 +44,7 @@ SUPPORTED_BITS = {"bnb": (4, 8), "int": (2, 3, 4, 8), "hqq": (2, 3, 4, 8)}
 SUPPORTED_4BIT_TYPES = ("nf4", "fp4")
 DENSE_BITS = (16, 8, 4, 3)  # the draft's dense weights: 16 = shared with the target (no copy)
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+MAX_ERROR_SCALE = 1000.0  # the draft-fidelity calibration's largest scale on a quantization error
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,14 @@ class QuantSpec:
     quant_type: str = "nf4"  # bnb 4-bit only: nf4 | fp4
     blocksize: int = 64  # bnb block / int and hqq group size
     quantizer: str = "bnb"
+    #: draft-fidelity calibration (issue 24): the draft quantizes ``W + (s−1)·(Q(W)−W)`` with this same format —
+    #: real codes of the format that err more as ``s`` grows (about (s−1)× W's own rounding error from s ≈ 4; below
+    #: that the points mostly keep their codes and the wider group ranges move the grid; draft_calibration.json
+    #: records the realized RMS ratio); None: the model's calibration (``config.draft_error_scale``, from an
+    #: embedded model's draft_calibration.json; 1.0 when it has none)
+    error_scale: float | None = None
+    #: a dense copy's only: the calibration of its output head (None: the model's ``config.draft_head_error_scale``)
+    head_error_scale: float | None = None
 
     def __post_init__(self):
         if self.quantizer not in QUANTIZERS:
@@ -66,8 +75,25 @@ class QuantSpec:
         if self.blocksize not in BLOCKSIZES or (self.quantizer == "bnb" and self.blocksize < 64):
             raise UsageError(f"unsupported blocksize {self.blocksize}; use a power of two from "
                              f"{32 if self.quantizer != 'bnb' else 64} to 4096")
+        for name in ("error_scale", "head_error_scale"):
+            value = getattr(self, name)
+            if value is not None and not 1.0 <= value <= MAX_ERROR_SCALE:
+                raise UsageError(f"{name}={value} is out of range: use a scale on the draft's quantization error "
+                                 f"from 1 (none) to {MAX_ERROR_SCALE:g}")
 
-    OPTIONS = ("bits", "quant_type", "blocksize", "quantizer")  # the strategy options that choose a quantization
+    #: the strategy options that choose a quantization
+    OPTIONS = ("bits", "quant_type", "blocksize", "quantizer", "error_scale")
+
+    @property
+    def scale(self) -> float:
+        """The error scale this spec quantizes with (1.0 while it is the model's and not yet resolved)."""
+        return 1.0 if self.error_scale is None else self.error_scale
+
+    def for_model(self, model) -> "QuantSpec":
+        """This spec with the model's own calibration where it names none (:func:`model_error_scale`)."""
+        if self.error_scale is not None:
+            return self
+        return dataclasses.replace(self, error_scale=model_error_scale(model))
 
     @classmethod
     def from_options(cls, options: dict, **defaults) -> "QuantSpec":
@@ -80,13 +106,20 @@ class QuantSpec:
         except (TypeError, ValueError):
             raise UsageError(f"bits and blocksize must be integers, got {options.get('bits')!r} and "
                              f"{options.get('blocksize')!r}") from None
+        scale = options.get("error_scale", base["error_scale"])
+        try:
+            scale = None if scale is None else float(scale)
+        except (TypeError, ValueError):
+            raise UsageError(f"error_scale must be a number from 1 to {MAX_ERROR_SCALE:g}, got {scale!r}") from None
         return cls(bits=bits, quant_type=str(options.get("quant_type", base["quant_type"])), blocksize=blocksize,
-                   quantizer=str(options.get("quantizer", base["quantizer"])))
+                   quantizer=str(options.get("quantizer", base["quantizer"])), error_scale=scale)
 
     def label(self) -> str:
         if self.quantizer == "bnb":
-            return f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
-        return f"{self.quantizer}{self.bits}/g{self.blocksize}"
+            name = f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
+        else:
+            name = f"{self.quantizer}{self.bits}/g{self.blocksize}"
+        return name + (f" calibrated ×{self.scale:g}" if self.scale != 1.0 else "")
 
     def tensor_bytes(self, n: int, cols: int | None = None) -> int:
         """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata); with
@@ -205,8 +238,30 @@ def _shared(engine, store: str, spec: QuantSpec, make):
 
 def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
     """One quantized copy per (engine, spec) within a cell (a strategy and its helpers share it); released with
-    every other copy by :func:`release_drafts` when the cell ends."""
-    return _shared(engine, "_quantized_experts", spec, QuantizedExperts)
+    every other copy by :func:`release_drafts` when the cell ends. A spec without an error scale takes the model's
+    calibration (the copy's ``spec`` says which)."""
+    return _shared(engine, "_quantized_experts", spec.for_model(engine.model), QuantizedExperts)
+
+
+def model_error_scale(model) -> float:
+    """The draft-fidelity calibration a model carries on its routed experts (``config.draft_error_scale``; 1.0
+    when none)."""
+    return float(getattr(getattr(model, "config", None), "draft_error_scale", None) or 1.0)
+
+
+def model_head_error_scale(model) -> float:
+    """The draft-fidelity calibration a model carries on its draft's output head, applied where the draft has a
+    dense copy (``config.draft_head_error_scale``; 1.0 when none)."""
+    return float(getattr(getattr(model, "config", None), "draft_head_error_scale", None) or 1.0)
+
+
+def dense_copy_specs(model, spec: QuantSpec) -> list[tuple[nn.Linear, QuantSpec]]:
+    """Each linear layer a dense copy replaces with the spec it is quantized with: ``spec``, and for the output
+    head ``spec`` at the model's head calibration (:func:`model_head_error_scale`)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head_scale = spec.head_error_scale if spec.head_error_scale is not None else model_head_error_scale(model)
+    head_spec = dataclasses.replace(spec, error_scale=spec.scale * head_scale)
+    return [(m, head_spec if m is head else spec) for m in dense_linears(model)]
 
 
 def live_drafts(engine) -> list:
@@ -228,7 +283,7 @@ def release_drafts(engine) -> None:
         engine.__dict__.pop(store, None)
 
 
-def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
+def dense_spec(bits, blocksize: int = 64, head_error_scale=None) -> QuantSpec | None:
     """The spec of a draft's dense copy at ``bits`` (the project's int quantizer), None for 16 (no copy); a
     one-line UsageError for bits outside :data:`DENSE_BITS`."""
     try:
@@ -238,7 +293,14 @@ def dense_spec(bits, blocksize: int = 64) -> QuantSpec | None:
     if n not in DENSE_BITS:
         raise UsageError(f"option dense_bits={bits} is invalid: use one of {', '.join(map(str, DENSE_BITS))} "
                          f"(16: the draft shares the target's attention, shared experts and head)")
-    return None if n == 16 else QuantSpec(bits=n, blocksize=blocksize, quantizer="int")
+    if head_error_scale is not None:
+        try:
+            head_error_scale = float(head_error_scale)
+        except (TypeError, ValueError):
+            raise UsageError(f"head_error_scale must be a number from 1 to {MAX_ERROR_SCALE:g}, got "
+                             f"{head_error_scale!r}") from None
+    return None if n == 16 else QuantSpec(bits=n, blocksize=blocksize, quantizer="int",
+                                          head_error_scale=head_error_scale)
 
 
 def dense_params(geometry) -> float:
@@ -299,9 +361,13 @@ class QuantizedDense:
     def __init__(self, engine, spec: QuantSpec):
         self.engine, self.spec = engine, spec
         self.nbytes = dense_quantized_bytes(engine, spec)
-        self.modules = dense_linears(engine.model)
+        pairs = dense_copy_specs(engine.model, spec)  # the output head at the model's head calibration
+        self.head_error_scale = (spec.head_error_scale if spec.head_error_scale is not None
+                                 else model_head_error_scale(engine.model))
+        self.modules = [m for m, _ in pairs]
         cap = dense_scratch_rows(engine.model)
-        self.packed = [packing.PackedWeight(m.weight.detach(), spec, engine.compute_dtype) for m in self.modules]
+        self.packed = [packing.PackedWeight(error_scaled(m.weight.detach(), s).to(m.weight.dtype), s,
+                                            engine.compute_dtype) for m, s in pairs]
         elems = max((p.scratch_elems(rows=max(1, cap // p.shape[1])) for p in self.packed), default=0)
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
         stored = spec.bits_per_weight() / 16
@@ -347,9 +413,11 @@ def shared_dense(engine, spec: QuantSpec | None) -> QuantizedDense | None:
     return None if spec is None else _shared(engine, "_quantized_dense", spec, QuantizedDense)
 
 
-def draft_label(spec: QuantSpec, dense: QuantSpec | None = None) -> str:
-    """``int3/g128``, or ``int3/g128 + dense int8/g64`` for a draft with its own dense copy."""
-    return spec.label() + (f" + dense {dense.label()}" if dense else "")
+def draft_label(spec: QuantSpec, dense: QuantSpec | None = None, head_error_scale: float = 1.0) -> str:
+    """``int3/g128``, or ``int3/g128 + dense int8/g64`` for a draft with its own dense copy (``(head calibrated
+    ×h)`` when the copy's output head carries a calibration)."""
+    head = f" (head calibrated ×{head_error_scale:g})" if dense and head_error_scale != 1.0 else ""
+    return spec.label() + (f" + dense {dense.label()}{head}" if dense else "")
 
 
 def quantize(w: torch.Tensor, spec: QuantSpec):
@@ -380,8 +448,21 @@ def pack(w: torch.Tensor, spec: QuantSpec, compute_dtype: torch.dtype | None = N
     return packing.PackedWeight(w, spec, compute_dtype or w.dtype, kernels=kernels)
 
 
+def error_scaled(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
+    """The weight a calibrated draft quantizes: ``w + (s−1)·(Q(w)−w)`` (``w`` itself at s = 1)."""
+    if spec.scale == 1.0:
+        return w
+    w = w.float()
+    return w + (spec.scale - 1.0) * (_roundtrip(w, spec) - w)
+
+
 def roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
-    """``w`` quantized with ``spec`` and dequantized back, fp32 (the values the draft computes with)."""
+    """``w`` quantized with ``spec`` (its error scale applied first) and dequantized back, fp32 (the values the draft
+    computes with)."""
+    return _roundtrip(error_scaled(w, spec), spec)
+
+
+def _roundtrip(w: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     if spec.quantizer == "bnb":
         packed, state, _ = quantize(w, spec)
         return dequantize(packed, state, spec).float()
@@ -403,7 +484,8 @@ class QuantizedExperts:
         self.nbytes = quantized_bytes(engine, spec)
         self.packed: dict = {}
         for key, pair in engine.store.weights.items():
-            self.packed[key] = tuple(packing.PackedWeight(w.to(engine.device), spec, engine.compute_dtype)
+            self.packed[key] = tuple(packing.PackedWeight(error_scaled(w.to(engine.device), spec).to(engine.compute_dtype), spec,
+                                                          engine.compute_dtype)
                                      for w in pair)
         first = self.packed[next(iter(self.packed))]
         elems = max(p.scratch_elems() for p in first)

@@ -165,7 +165,7 @@ class SpecterbenchLM(TemplateLM):
                 # the same quantized copies a speculative strategy with this spec drafts with
                 self.draft = shared_quantized(engine, spec)
                 self.draft_dense = shared_dense(engine, dense)
-                self.draft_label, self.draft_spec = draft_label(spec, dense), spec
+                self.draft_label, self.draft_spec = draft_label(self.draft.spec, dense), self.draft.spec
                 self.lossless = False
             return
         cls = self.host.strategies().get(self.variant)

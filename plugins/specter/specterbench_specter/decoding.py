@@ -60,6 +60,25 @@ def accepted_prefix(proposals: list[int], target: list[int]) -> int:
     return a
 
 
+def acceptance_by_position(ks: list[int], accepted: list[int]) -> dict[str, float]:
+    """Per drafted position i (1-based): of the windows that drafted at least i tokens and accepted the first
+    i − 1, the share that accepted the i-th — the per-token acceptance as it varies along the window."""
+    out = {}
+    for i in range(1, max(ks, default=0) + 1):
+        reached = sum(1 for k, a in zip(ks, accepted) if k >= i and a >= i - 1)
+        if reached:
+            out[str(i)] = sum(1 for k, a in zip(ks, accepted) if k >= i and a >= i) / reached
+    return out
+
+
+def per_token_acceptance(ks: list[int], accepted: list[int]) -> float | None:
+    """Accepted drafts over drafted positions reached (accepted + one rejection per window that stopped early):
+    the per-token acceptance α of a draft whose tokens are accepted independently, whatever the windows' K."""
+    rejected = sum(1 for k, a in zip(ks, accepted) if a < k)
+    total = sum(accepted) + rejected
+    return sum(accepted) / total if total else None
+
+
 class SpeculativeDecoding(Strategy):
     """Self-draft speculative decoding; subclasses choose K, the cache policy and what to prefetch."""
 
@@ -72,7 +91,7 @@ class SpeculativeDecoding(Strategy):
 
     @classmethod
     def option_names(cls):
-        return ("k", "dense_bits", "draft_noise", *QuantSpec.OPTIONS)
+        return ("k", "dense_bits", "head_error_scale", "draft_noise", *QuantSpec.OPTIONS)
 
     @staticmethod
     def parse_noise(value) -> float:
@@ -89,7 +108,8 @@ class SpeculativeDecoding(Strategy):
     @classmethod
     def dense_spec_of(cls, options: dict):
         """The spec of the draft's dense copy (``--set NAME.dense_bits=4``), None when it shares the target's."""
-        return dense_spec(options.get("dense_bits", cls.dense_bits_default))
+        return dense_spec(options.get("dense_bits", cls.dense_bits_default),
+                          head_error_scale=options.get("head_error_scale"))  # None: the model's calibration
 
     @classmethod
     def parse_depth(cls, value):
@@ -186,6 +206,7 @@ class SpeculativeDecoding(Strategy):
     def reset_metrics(self):
         self.windows = self.proposed = self.accepted = 0
         self.accepted_lengths: list[int] = []
+        self.window_ks: list[int] = []  # K of each drafted window, beside its accepted length
         self.k_hist: Counter = Counter()
         self.recalls: list[float] = []
         self.precisions: list[float] = []
@@ -254,6 +275,7 @@ class SpeculativeDecoding(Strategy):
         self.proposed += k
         self.accepted += a
         self.accepted_lengths.append(a)
+        self.window_ks.append(k)
         return proposals[:a] + [target[a]]
 
     def corrupt(self, token: int, position: int, vocab: int) -> int:
@@ -307,7 +329,8 @@ class SpeculativeDecoding(Strategy):
         m = {
             "k": self.k,
             "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
-            "draft_quant": draft_label(self.spec, self.dense_spec),
+            "draft_quant": draft_label(self.draft.spec, self.dense_spec,  # the calibration the copies took
+                                       self.dense.head_error_scale if self.dense else 1.0),
             "draft_bits_per_weight": round(self.spec.bits_per_weight(), 3),
             "draft_noise": self.draft_noise,
             "draft_dense_bits": self.dense_spec.bits if self.dense_spec else 16,
@@ -316,6 +339,8 @@ class SpeculativeDecoding(Strategy):
             "mean_accepted_tokens": statistics.mean(lengths) if lengths else None,
             "tokens_per_window": (statistics.mean(lengths) + 1) if lengths else None,
             "accepted_length_hist": {str(a): n for a, n in sorted(Counter(lengths).items())},
+            "acceptance_by_position": acceptance_by_position(self.window_ks, lengths),
+            "per_token_acceptance": per_token_acceptance(self.window_ks, lengths),
             "expert_recall": statistics.mean(self.recalls) if self.recalls else None,
             "expert_precision": statistics.mean(self.precisions) if self.precisions else None,
             "draft_time_share": self.draft_s / self.total_s if self.total_s else None,

@@ -66,7 +66,7 @@ class Specter(SpeculativeDecoding):
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", "plan", "dense_bits", "draft_noise", *QuantSpec.OPTIONS)
+        return ("k", "host", "plan", "dense_bits", "head_error_scale", "draft_noise", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 

@@ -254,6 +254,8 @@ def test_a_draft_that_loses_to_plain_decoding_is_dropped_during_the_run():
     ks = [strategy.choose_k(100) for _ in range(Specter.RELEASE_VOTES)]
     assert strategy.draft_released and ks[-1] == 0
     assert engine.cache.capacity_bytes == int(0.6 * engine.total_expert_bytes)
+
+
 def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
     """Each eviction looks at a few entries (its transients' heap, the least popular residents), not the cache."""
     from specterbench.engine.cache import Candidates
@@ -288,3 +290,26 @@ def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
     cached = len(engine.cache)
     assert calls[0] > 20 and cached > 250  # a cache of hundreds of experts
     assert walked[0] / calls[0] < 0.02 * cached  # the old choice listed every candidate per eviction
+
+
+def test_acceptance_by_position_conditions_on_reaching_the_position():
+    from specterbench_specter.decoding import acceptance_by_position, per_token_acceptance
+
+    ks, accepted = [4, 4, 2, 4], [4, 1, 2, 0]
+    by_pos = acceptance_by_position(ks, accepted)
+    # position 1: 4 windows reached it, 3 accepted; 2: 3 reached (a >= 1), 2 accepted; 3: 2 reached (k=4, a>=2), 1
+    assert by_pos == {"1": 3 / 4, "2": 2 / 3, "3": 1 / 1, "4": 1 / 1}
+    # 7 accepted drafts, 2 windows stopped on a rejection
+    assert per_token_acceptance(ks, accepted) == pytest.approx(7 / 9)
+    assert per_token_acceptance([], []) is None
+
+
+def test_speculative_rows_carry_per_position_acceptance(host, tmp_path):
+    cfg = BenchConfig(models=("tiny-random-mixtral",), strategies=("spec-decode",), budgets=(parse_budget("70%"),),
+                      profile="a100-40g-pcie4", prompts=1, tokens=12, decode=SAMPLED)
+    row = Runner(host, cfg, tmp_path).run()[0]
+    assert row.status == "ok", row.error
+    by_pos = row.extra["acceptance_by_position"]
+    assert by_pos and all(0.0 <= v <= 1.0 for v in by_pos.values())
+    assert 0.0 <= row.extra["per_token_acceptance"] <= 1.0
+    assert row.extra["mean_accepted_tokens"] is not None and row.extra["accepted_length_hist"]

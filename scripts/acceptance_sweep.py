@@ -1,0 +1,165 @@
+"""Specter's speed-up over the strongest other lossless strategy against the draft's measured acceptance.
+
+    .venv/bin/python scripts/acceptance_sweep.py [--models tiny-mixtral,tiny-qwen-moe] [--bits 4,3,2]
+        [--scales off,model,2x] [--budgets 35%,50%] [--profile a100-40g-pcie4] [--prompts 4] [--tokens 64]
+        [--out results/acceptance-sweep]
+
+Each model is priced at the geometry it stands for (Mixtral-8x7B, Qwen1.5-MoE). The other lossless strategies run
+once per model; Specter runs once per (draft bits, error scale): the draft's acceptance moves with both, the
+other strategies do not. ``--scales``: ``off`` (no calibration), ``model`` (the model's own draft-fidelity calibration:
+routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table row per (geometry, budget, bits, scale) — the draft's per-token agreement with its target
+(sampled at the default decode, teacher-forced on held-out text: the acceptance it offers), Specter's measured
+per-token acceptance where it drafted, and its speed-up — and per geometry and budget the bracket of the break-even agreement: the highest swept agreement at which Specter
+does not beat the strongest other strategy and the lowest above it at which it does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+OTHERS = "cpu-experts,lru,next-layer-gate,static,activation-aware,specmoeoff,spec-decode"
+
+
+def run(args, model: str, strategies: str, out: Path, run_id: str, sets: list[str]) -> list[dict]:
+    """One ``specterbench run`` (skipped when its rows exist); its rows."""
+    rows = out / run_id / "rows.jsonl"
+    if not rows.is_file():
+        cmd = [sys.executable, "-m", "specterbench.cli", "run", "--model", model, "--strategies", strategies,
+               "--budgets", args.budgets, "--profile", args.profile, "--prompts", str(args.prompts), "--tokens",
+               str(args.tokens), "--out", str(out), "--run-id", run_id, "--quiet"]
+        for s in sets:
+            cmd += ["--set", s]
+        print("$", " ".join(cmd[2:]), flush=True)
+        subprocess.run(cmd, check=True)
+    return [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+
+
+def model_scales(model: str) -> tuple[float, float]:
+    """The model's draft-fidelity calibration: (routed experts' error scale, output head's)."""
+    from specterbench import embedded
+    from specterbench.embedded.fidelity import load_calibration
+
+    cal = load_calibration(embedded.model_dir(model))
+    return (cal.error_scale, cal.head_error_scale) if cal is not None else (1.0, 1.0)
+
+
+def parse_scales(text: str, own: tuple[float, float]) -> list[tuple[str, float, float]]:
+    """``off`` (no calibration), ``model`` (the model's), ``Nx`` (N times the model's scales): a list of
+    ``(label, experts' scale, head's scale)``."""
+    out = []
+    for item in (i.strip() for i in text.split(",")):
+        if item == "off":
+            out.append(("uncalibrated", 1.0, 1.0))
+        elif item == "model":
+            out.append((f"calibrated ×{own[0]:g} / head ×{own[1]:g}", *own))
+        elif item.endswith("x"):
+            f = float(item[:-1])
+            e, h = max(1.0, f * own[0]), max(1.0, f * own[1])
+            out.append((f"{item} the calibration ×{e:.3g} / head ×{h:.3g}", e, h))
+        else:
+            raise SystemExit(f"--scales: {item!r} is not off, model or Nx (e.g. 2x)")
+    return out
+
+
+def draft_agreement(model_name: str, bits: int, scale: float, head: float, windows: int = 4) -> float:
+    """The draft's per-token agreement with its target, sampled at the default decode and teacher-forced on
+    held-out windows (:mod:`specterbench.embedded.fidelity`): the acceptance the draft offers, whatever K the
+    governor then takes (none, when it predicts plain decoding cheaper)."""
+    import torch
+
+    from specterbench import embedded
+    from specterbench.embedded import fidelity
+    from specterbench.engine.draft import QuantSpec, dense_spec
+
+    torch.set_num_threads(1)
+    if model_name not in _LOADED:
+        model, tok = embedded.load(model_name)
+        _LOADED[model_name] = (model, fidelity.text_windows(tok, windows, 256))
+    model, held = _LOADED[model_name]
+    spec = QuantSpec(bits=bits, blocksize=128, quantizer="int", error_scale=scale)
+    return fidelity.agreement(model, fidelity.draft_copy(model, spec, dense_spec(8, head_error_scale=head)),
+                              held).sampled
+
+
+_LOADED: dict = {}
+
+
+def break_even(points: list[tuple[float, float]]) -> tuple[float | None, float | None]:
+    """Where Specter stops winning (points: (draft agreement, speed-up)): the highest agreement at which it does not
+    win (speed-up ≤ 1.0) and the lowest agreement above that at which it does; None where the sweep has no such
+    point. (Not an interpolation: below its break-even the governor drafts less or not at all, so the speed-up
+    flattens at ≈1.0× or drops, it does not fall along a line.)"""
+    losing = [a for a, s in points if s <= 1.0]
+    below = max(losing) if losing else None
+    winning = [a for a, s in points if s > 1.0 and (below is None or a > below)]
+    return below, (min(winning) if winning else None)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--models", default="tiny-mixtral,tiny-qwen-moe")
+    p.add_argument("--bits", default="4,3,2")
+    p.add_argument("--scales", default="off,model,2x")
+    p.add_argument("--budgets", default="35%,50%")
+    p.add_argument("--profile", default="a100-40g-pcie4")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--others", default=OTHERS, help="the other lossless strategies to beat")
+    p.add_argument("--out", type=Path, default=Path("results/acceptance-sweep"))
+    args = p.parse_args(argv)
+    table = ["| geometry | budget | draft | draft agreement (sampled, teacher-forced) | Specter per-token acceptance | "
+             "mean accepted length | K = 0 share | Specter TPOT ms | strongest other | its TPOT ms | speed-up |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    crossings = []
+    for model in args.models.split(","):
+        own = model_scales(model)
+        tag = f"{model}-{args.profile}-{args.prompts}x{args.tokens}"
+        others = run(args, model, args.others, args.out, f"{tag}-others", [])
+        best: dict[float, dict] = {}
+        for r in others:
+            if r.get("lossless_strategy") and r.get("tpot_ms") is not None:
+                b = round(r["budget_fraction"], 3)
+                if b not in best or r["tpot_ms"] < best[b]["tpot_ms"]:
+                    best[b] = r
+        points: dict[float, list] = {}
+        for bits in (int(b) for b in args.bits.split(",")):
+            for label, scale, head in parse_scales(args.scales, own):
+                rows = run(args, model, "specter", args.out, f"{tag}-specter-int{bits}-x{scale:g}-h{head:g}",
+                           [f"specter.bits={bits}", f"specter.error_scale={scale}",
+                            f"specter.head_error_scale={head}"])
+                agree = draft_agreement(model, bits, scale, head)
+                for r in rows:
+                    b = round(r["budget_fraction"], 3)
+                    extra = r.get("extra") or {}
+                    alpha = extra.get("per_token_acceptance")
+                    speed = best[b]["tpot_ms"] / r["tpot_ms"]
+                    points.setdefault(b, []).append((agree, speed))
+                    mean_len = extra.get("mean_accepted_tokens")
+                    hist = {int(k): n for k, n in (extra.get("k_hist") or {}).items()}
+                    k0 = hist.get(0, 0) / sum(hist.values()) if hist else None
+                    table.append(f"| {r['geometry']} | {b:.0%} | int{bits}/g128 {label} | {agree:.3f} | "
+                                 f"{'–' if alpha is None else format(alpha, '.3f')} | "
+                                 f"{'–' if mean_len is None else format(mean_len, '.2f')} | "
+                                 f"{'–' if k0 is None else format(k0, '.2f')} | {r['tpot_ms']:.1f} | "
+                                 f"{best[b]['strategy']} | {best[b]['tpot_ms']:.1f} | {speed:.2f}× |")
+                    geometry = r["geometry"]
+        for b, pts in sorted(points.items()):
+            pts = [(a, s) for a, s in pts if a is not None]
+            below, above = break_even(pts)
+            crossings.append(f"- {geometry} at {b:.0%}: Specter "
+                             + (f"does not win at draft agreement ≤ {below:.3f}" if below is not None
+                                else "wins at every swept agreement")
+                             + (f", wins from {above:.3f}" if above is not None else ", wins at none swept")
+                             + (" (break-even between)" if below is not None and above is not None else ""))
+    print("\n".join(table))
+    print()
+    print("\n".join(crossings))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
