@@ -196,7 +196,7 @@ def test_a_strategy_that_refuses_every_low_budget_is_skipped_with_the_reason(lab
     lab = lab_with(Roomy)
     with pytest.raises(pytest.skip.Exception, match="roomy refuses every low budget.*needs at least"):
         conformance.test_budget_is_never_exceeded("roomy", lab)
-    conformance.test_tokens_are_lossless_on_every_family("roomy", "mixtral", lab)  # 60% is fine
+    conformance.test_tokens_are_lossless_on_every_family("roomy", "mixtral", lab)  # 75% is fine
 
 
 def test_a_strategy_that_refuses_the_standard_budget_fails(lab_with):
@@ -205,9 +205,9 @@ def test_a_strategy_that_refuses_the_standard_budget_fails(lab_with):
         version = "1"
 
         def device_bytes(self, engine):
-            return int(0.7 * engine.total_expert_bytes)
+            return int(0.8 * engine.total_expert_bytes)
 
-    with pytest.raises(pytest.fail.Exception, match="refused 60% of expert bytes.*every strategy must work"):
+    with pytest.raises(pytest.fail.Exception, match="refused 75% of expert bytes.*every strategy must work"):
         conformance.test_state_resets_between_requests("greedy", lab_with(Greedy))
 
 
