@@ -529,6 +529,11 @@ def main(argv=None) -> int:
             raise
         print(f"specterbench: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (`specterbench list | head`): stop quietly, as cat does
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        return 141  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -597,3 +597,33 @@ def test_the_lm_eval_wrapper_on_a_cuda_device_this_machine_lacks_is_one_line(cap
     last = err.strip().splitlines()[-1]  # lm-eval logs its own lines first
     assert code == 2 and last.startswith("specterbench-lm-eval: error:") and "no CUDA device" in last
     assert "Traceback" not in err
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(monkeypatch, capsys):
+    """`specterbench list | head`: the pipe closes under the writer; the command stops with SIGPIPE's status and no
+    traceback."""
+    import os
+    import sys
+
+    from specterbench.cli import main
+
+    class ClosedPipe:
+        def __init__(self):
+            self.fd = os.open(os.devnull, os.O_WRONLY)
+
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+        def fileno(self):
+            return self.fd
+
+    pipe = ClosedPipe()
+    monkeypatch.setattr(sys, "stdout", pipe)
+    try:
+        assert main(["list"]) == 141
+    finally:
+        os.close(pipe.fd)
+    assert "Traceback" not in capsys.readouterr().err
