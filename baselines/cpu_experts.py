@@ -65,8 +65,7 @@ class CpuExperts(StaticPlacement):
     def fetch_seconds(self, n_tokens):
         """Until the expert would be copied in, behind what the link serves first, and computed."""
         c = self.engine.costs
-        backlog = c.link_backlog_s(DEMAND_PRIORITY if self.rule == "balanced" else None)
-        return backlog + c.copy_s() + c.expert_in_layer_s(n_tokens)
+        return c.copy_arrival_s(DEMAND_PRIORITY if self.rule == "balanced" else None) + c.expert_in_layer_s(n_tokens)
 
     def place_miss(self, key, n_tokens):
         if self.engine.clock.costs.host is None:

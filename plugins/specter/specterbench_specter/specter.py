@@ -311,7 +311,7 @@ class Specter(SpeculativeDecoding):
             if key not in self.planner.issued or e.landed(key):
                 continue
             host = host_s + c.host_expert_s(n)
-            if host < c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_in_layer_s(n) and e.cancel(key):
+            if host < c.copy_arrival_s(DEMAND_PRIORITY) + c.expert_in_layer_s(n) and e.cancel(key):
                 self.planner.issued.discard(key)
                 self.dropped_copies += 1
                 host_s = host
@@ -329,7 +329,7 @@ class Specter(SpeculativeDecoding):
             return FETCH
         c = self.engine.costs
         host = c.host_backlog_s() + c.host_expert_s(n_tokens)
-        fetch = c.link_backlog_s(DEMAND_PRIORITY) + c.copy_s() + c.expert_in_layer_s(n_tokens)
+        fetch = c.copy_arrival_s(DEMAND_PRIORITY) + c.expert_in_layer_s(n_tokens)
         if host < fetch:
             self.host_calls += 1
             return ON_HOST
