@@ -553,11 +553,20 @@ class QuantizedExperts:
         per_expert = counts[2] - counts[1]
         return counts[1] - per_expert, per_expert
 
-    def charge_fused(self, n_tokens) -> None:
-        """Modeled cost of one layer's routed experts as one low-bit MoE op (the cost model's ``experts_fused``:
-        every routed expert's FLOPs and quantized bytes, read by the kernel that runs them; where the format has no
-        low-bit kernel, each expert's weights are also written to and read from the 16-bit scratch), with the
-        launches this copy's expert path issues, counted once (:meth:`_count_launches`)."""
+    def fused_op(self, tokens_per_expert):
+        """One layer's routed experts as this copy runs them: every routed expert's FLOPs and bytes read by the
+        kernel that runs them (where the format has no low-bit kernel, each expert's weights also written to and
+        read from the 16-bit scratch), with the launches its expert path was counted to issue
+        (:meth:`_count_launches`) — what :meth:`charge_fused` charges and what a strategy's estimate reads."""
         costs = self.engine.clock.costs
-        launches = round((self.layer_launches + self.expert_launches * len(n_tokens)) * costs.geometry.layer_scale)
-        self.engine.charge(costs.experts_fused(n_tokens, self.bytes_ratio, self.kernel)._replace(launches=launches))
+        launches = self.layer_launches + self.expert_launches * len(tokens_per_expert)
+        op = costs.experts_fused(tokens_per_expert, self.bytes_ratio, self.kernel)
+        return op._replace(launches=round(launches * costs.geometry.layer_scale))
+
+    def fused_s(self, tokens_per_expert) -> float:
+        """Modeled seconds of :meth:`fused_op`."""
+        return self.engine.clock.costs.op_seconds(*self.fused_op(tokens_per_expert))
+
+    def charge_fused(self, n_tokens) -> None:
+        """Charge one layer's routed experts (:meth:`fused_op`) to the clock."""
+        self.engine.charge(self.fused_op(n_tokens))

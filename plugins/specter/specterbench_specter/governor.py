@@ -213,11 +213,10 @@ class Governor:
 class WindowCosts:
     """The cost model's prices for one forecast (``engine.costs`` at the present context), per window part."""
 
-    def __init__(self, engine, draft_bytes_ratio: float, remaining: int, host: bool, dense_ratio: float = 1.0,
-                 draft_kernel=None, dense_kernel=None):
-        self.engine, self.ratio, self.remaining, self.host = engine, draft_bytes_ratio, remaining, host
+    def __init__(self, engine, draft, remaining: int, host: bool, dense_ratio: float = 1.0, dense_kernel=None):
+        self.engine, self.draft, self.remaining, self.host = engine, draft, remaining, host  # draft: QuantizedExperts
         self.dense_ratio = dense_ratio  # the draft's dense weights over 16-bit (1.0: it reads the target's)
-        self.draft_kernel, self.dense_kernel = draft_kernel, dense_kernel  # their low-bit kernels (None: by ratio)
+        self.dense_kernel = dense_kernel  # their low-bit kernel (None: by ratio)
         self.costs = engine.costs
         g = engine.geometry
         self.dense_layers = g.layers - g.moe_layers
@@ -229,7 +228,7 @@ class WindowCosts:
         c, e = self.costs, self.engine
         d = self.dense_ratio
         dk = self.dense_kernel
-        layer = c.layer_s(1, bytes_ratio=d, kernel=dk) + c.experts_fused_s([1] * e.top_k, self.ratio, self.draft_kernel)
+        layer = c.layer_s(1, bytes_ratio=d, kernel=dk) + self.draft.fused_s([1] * e.top_k)  # as charged
         return (self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d, kernel=dk) + e.num_layers * layer
                 + c.head_s(1, d, dk))
 

@@ -220,8 +220,7 @@ class Specter(SpeculativeDecoding):
 
     # ---- the governor ------------------------------------------------------------------------------
     def window_costs(self, remaining: int) -> WindowCosts:
-        return WindowCosts(self.engine, self.draft.bytes_ratio, remaining, self.host_path, self.dense_ratio,
-                           self.draft.kernel,
+        return WindowCosts(self.engine, self.draft, remaining, self.host_path, self.dense_ratio,
                            self.dense.kernel if self.dense is not None else self.engine.precision.dense_kernel)
 
     window_in_tail = False
