@@ -121,12 +121,16 @@ class QuantSpec:
             name = f"{self.quantizer}{self.bits}/g{self.blocksize}"
         return name + (f" calibrated ×{self.scale:g}" if self.scale != 1.0 else "")
 
-    def tensor_bytes(self, n: int, cols: int | None = None) -> int:
+    def tensor_bytes(self, n: int, cols: int | None = None, kernel: str | None = None, table_itemsize: int = 2) -> int:
         """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata); with
-        ``cols`` (its input dimension) the groups are those :meth:`weight_bytes` stores."""
+        ``cols`` (its input dimension) the groups are those :meth:`weight_bytes` stores. ``kernel="int4mm"``: the
+        metadata as torch's int4 kernel keeps it (two values per group in the activations' dtype, ``table_itemsize``
+        bytes each: 16-bit on the GPU the clock prices)."""
         if cols is not None:
-            return self.weight_bytes((n // cols, cols))
+            return self.weight_bytes((n // cols, cols), kernel, table_itemsize)
         groups = -(-n // self.blocksize)
+        if kernel == "int4mm":
+            return (n * self.bits + 7) // 8 + groups * 2 * table_itemsize
         if self.quantizer == "bnb":
             return (n * self.bits + 7) // 8 + groups * 4  # fp32 absmax per block
         if self.quantizer == "int":
@@ -142,21 +146,23 @@ class QuantSpec:
         rows = n // cols
         return rows * (cols // self.blocksize if cols % self.blocksize == 0 else 1)
 
-    def weight_bytes(self, shape) -> int:
-        """Device bytes of one weight ``[R, C]`` as :mod:`~specterbench.engine.packing` stores it: packed values plus
-        per-group metadata, groups counted per row (a row shorter than a group is one group). Equals
-        :meth:`tensor_bytes` whenever ``C`` is a multiple of the group (every real model)."""
+    def weight_bytes(self, shape, kernel: str | None = None, table_itemsize: int = 2) -> int:
+        """Device bytes of one weight ``[R, C]`` as :mod:`~specterbench.engine.packing` stores it for ``kernel``:
+        packed values plus per-group metadata, groups counted per row (a row shorter than a group is one group).
+        Equals :meth:`tensor_bytes` whenever ``C`` is a multiple of the group (every real model)."""
         rows, cols = shape
         n = rows * cols
         if self.quantizer == "bnb":
             return self.tensor_bytes(n)  # blocks run over the flattened weight
         groups = rows * (cols // (self.blocksize if cols % self.blocksize == 0 else cols))
+        if kernel == "int4mm":  # the kernel's (scale, zero) table replaces the fp16 scale and 4-bit zero
+            return packing.packed_bytes(n, self.bits) + 2 * table_itemsize * groups
         if self.quantizer == "int":
             return packing.packed_bytes(n, self.bits) + 2 * groups + packing.packed_bytes(groups, self.bits)
         return packing.packed_bytes(n, self.bits) + 4 * groups  # hqq: fp16 scale and zero
 
-    def bits_per_weight(self, n: int = 1 << 20) -> float:
-        return 8 * self.tensor_bytes(n) / n
+    def bits_per_weight(self, n: int = 1 << 20, kernel: str | None = None) -> float:
+        return 8 * self.tensor_bytes(n, kernel=kernel) / n
 
 
 def _kernel_for(shape, spec: QuantSpec, engine) -> str:
@@ -175,9 +181,7 @@ def _kernel_for(shape, spec: QuantSpec, engine) -> str:
 def _scratch_elems(shape, spec: QuantSpec, kernel: str, rows: int | None = None) -> int:
     """What :meth:`PackedWeight.scratch_elems` will say for this weight (before quantizing)."""
     r, c = shape
-    if kernel == "int4mm":
-        return 2 * r * (c // spec.blocksize)  # the kernel's (scale, zero) table
-    if kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
+    if kernel in ("int4mm", "bnb-gemv"):  # a low-bit kernel computes from the packed weight
         return 0
     return min(r, rows or r) * c
 
@@ -221,7 +225,9 @@ def price_kernel(kernels, spec: QuantSpec):
 def quantized_bytes(engine, spec: QuantSpec) -> int:
     """Device bytes of every routed expert quantized with ``spec`` (packed values and metadata) plus the scratch it
     computes with; equals :attr:`QuantizedExperts.nbytes`."""
-    packed = sum(spec.weight_bytes(w.shape) for pair in engine.store.weights.values() for w in pair)
+    item = _itemsize(engine.compute_dtype)
+    packed = sum(spec.weight_bytes(w.shape, _kernel_for(w.shape, spec, engine), item)
+                 for pair in engine.store.weights.values() for w in pair)
     return packed + expert_scratch_bytes(engine, spec)
 
 
@@ -319,13 +325,17 @@ def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
     if spec is None:
         return 0
     linears = dense_linears(engine.model)
-    real = sum(spec.weight_bytes(tuple(m.weight.shape)) for m in linears)
+    kernels = [_kernel_for(tuple(m.weight.shape), spec, engine) for m in linears]
+    real = sum(spec.weight_bytes(tuple(m.weight.shape), k, _itemsize(engine.compute_dtype))
+               for m, k in zip(linears, kernels))
     g = engine.geometry
     if g is engine.own_geometry or not real:
         return real + _dense_scratch_real_bytes(engine, spec)
-    packed = dense_params(g) * spec.bits_per_weight() / 8 / g.all_expert_bytes * engine.total_expert_bytes
+    # at a projection the real model's linears run the kernel the stand-in's run (one for all, or dequantized)
+    kernel = kernels[0] if len(set(kernels)) == 1 else "dequant"
+    packed = dense_params(g) * spec.bits_per_weight(kernel=kernel) / 8 / g.all_expert_bytes * engine.total_expert_bytes
     largest = g.hidden * max(g.heads * g.head_dim, g.dense_intermediate, g.shared_intermediate)  # one linear
-    return int(round(packed)) + _priced_share(engine, largest)
+    return int(round(packed)) + (0 if kernel != "dequant" else _priced_share(engine, largest))
 
 
 def dense_linears(model) -> list[nn.Linear]:
@@ -370,8 +380,9 @@ class QuantizedDense:
                                             engine.compute_dtype) for m, s in pairs]
         elems = max((p.scratch_elems(rows=max(1, cap // p.shape[1])) for p in self.packed), default=0)
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
-        stored = spec.bits_per_weight() / 16
         weights = sum(p.shape[0] * p.shape[1] for p in self.packed) or 1
+        stored = sum(8 * s.weight_bytes(p.shape, p.kernel) for p, (_, s) in zip(self.packed, pairs)) / weights / 16
+        # (read at the priced 16-bit table: bytes_ratio is over 16-bit weights at the clock's dtype)
         dequant = sum(p.shape[0] * p.shape[1] for p in self.packed if p.kernel == "dequant") / weights
         self.kernels = sorted({p.kernel for p in self.packed})
         self.kernel = price_kernel(self.kernels, spec)  # how the modeled clock prices the kernels that read this copy
@@ -493,7 +504,8 @@ class QuantizedExperts:
         self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft
         self.kernel = price_kernel([p.kernel for p in first], spec)  # and how the modeled clock prices it
         self.dequantized = sum(p.kernel == "dequant" for p in first) / 2  # share of weights dequantized per call
-        packed_bytes = sum(spec.weight_bytes(w.shape) for pair in engine.store.weights.values() for w in pair)
+        item = _itemsize(engine.compute_dtype)
+        packed_bytes = sum(p.spec.weight_bytes(p.shape, p.kernel, item) for pair in self.packed.values() for p in pair)
         # over 16-bit weights (the cost model's unit), whatever the target's own precision: ≈ 0.28 nf4/b64, 0.26 int4
         self.stored_ratio = packed_bytes / (PRICED_DTYPE_BYTES * engine.store.total_params)
         # what computing an expert reads and writes over a 16-bit expert's bytes, the price strategies estimate

@@ -12,8 +12,10 @@ and stored as what its spec charges — packed codes plus per-group metadata, ne
 Computing ``x @ W.T`` (:meth:`PackedWeight.linear`) takes the low-bit kernel that exists for the format:
 
 - ``int4`` with a group of 32–256: torch's int4 weight-only matmul (``aten._weight_int4pack_mm_for_cpu`` on the CPU,
-  ``aten._weight_int4pack_mm`` on CUDA) on the kernel's own nibble layout; its per-group ``(scale, zero)`` table is
-  written into the caller's scratch per call from the stored fp16 scale and ``bits``-bit zero;
+  ``aten._weight_int4pack_mm`` on CUDA) on the kernel's own nibble layout and its per-group ``(scale, zero)`` table,
+  built once when the weight is packed and stored in the compute dtype in place of the fp16 scale and 4-bit zero
+  (two values per group in the compute dtype, what :meth:`QuantSpec.weight_bytes` bills for this kernel) — one
+  launch per call, no scratch;
 - bitsandbytes 4-bit on CUDA: ``bnb.matmul_4bit`` (gemv on packed nibbles);
 - everything else: the weight is dequantized, a block of rows at a time, into the caller's reused scratch buffer and
   multiplied there — no allocation per call that outlives it.
@@ -137,12 +139,12 @@ class PackedWeight:
     scratch elements :meth:`linear` needs when it may dequantize ``rows`` rows at a time.
     """
 
-    __slots__ = ("shape", "spec", "group", "codes", "scale", "zero", "state", "kernel")
+    __slots__ = ("shape", "spec", "group", "codes", "scale", "zero", "state", "kernel", "table")
 
     def __init__(self, w: torch.Tensor, spec, compute_dtype: torch.dtype, kernels: bool = True):
         self.shape = tuple(w.shape)
         self.spec = spec
-        self.codes = self.scale = self.zero = self.state = None
+        self.codes = self.scale = self.zero = self.state = self.table = None
         rows, cols = self.shape
         self.group = spec.blocksize if cols % spec.blocksize == 0 else cols  # a row shorter than a group: one
         if spec.quantizer == "bnb":
@@ -156,7 +158,12 @@ class PackedWeight:
             pass
         elif (spec.quantizer == "int" and spec.bits == 4 and self.group in INT4_GROUPS and rows % 16 == 0
                 and cols % (16 * INT4_INNER_K_TILES) == 0 and int4_kernel_works(str(w.device), compute_dtype)):
+            # the kernel's (scale, zero) table [G, N, 2], built once: value = (q - 8)·scale + (8 - zero)·scale
+            s = self.scale.t().float()  # [G, N]
+            table = torch.stack([s, (8 - self._zero().t().float()) * s], -1)
+            self.table = table.to(compute_dtype).contiguous()  # the kernel takes it in the activations' dtype
             self.codes = _int4_layout(self._codes_2d())
+            self.scale = self.zero = None  # the table holds them
             self.kernel = "int4mm"
         elif spec.quantizer == "bnb" and spec.bits == 4 and w.device.type == "cuda":  # pragma: no cover - CUDA
             self.kernel = "bnb-gemv"
@@ -205,18 +212,17 @@ class PackedWeight:
     # ---- sizes -----------------------------------------------------------------------------------
     def nbytes(self) -> int:
         """Storage bytes of every tensor held (a shared bitsandbytes code table is not counted per weight)."""
-        held = storage_bytes(self.codes) + storage_bytes(self.scale) + storage_bytes(self.zero)
+        held = (storage_bytes(self.codes) + storage_bytes(self.scale) + storage_bytes(self.zero)
+                + storage_bytes(self.table))
         if self.state is not None:
             held += storage_bytes(self.state.absmax)
         return held
 
     def scratch_elems(self, rows: int | None = None) -> int:
-        """Scratch elements :meth:`linear` needs: the int4 kernel's (scale, zero) table, or ``rows`` dequantized
-        rows (all of them by default)."""
+        """Scratch elements :meth:`linear` needs: ``rows`` dequantized rows (all of them by default); none where a
+        low-bit kernel computes from the packed weight."""
         r, c = self.shape
-        if self.kernel == "int4mm":
-            return 2 * r * (c // self.group)
-        if self.kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
+        if self.kernel in ("int4mm", "bnb-gemv"):
             return 0
         return min(r, rows or r) * c
 
@@ -241,7 +247,7 @@ class PackedWeight:
             return out.copy_(full[start:stop])
         g, bits = self.group, self.spec.bits
         if self.kernel == "int4mm":  # the kernel's layout holds the codes: read them back through the kernel
-            return out.copy_(self._int4_weight(out.dtype)[start:stop])
+            return out.copy_(self._int4_weight()[start:stop])
         if bits == 8:
             codes = self.codes[start * c:stop * c].view(n, c)
         elif (start * c) % 8 == 0:  # whole 8-value words (C is a multiple of 8 in every model)
@@ -255,19 +261,17 @@ class PackedWeight:
         o.mul_(self.scale[start:stop].unsqueeze(-1))  # times the fp16 scale, computed in fp32, rounded once
         return out
 
-    def _int4_weight(self, dtype: torch.dtype) -> torch.Tensor:
-        """The dequantized weight [R, C] read back through the int4 kernel: identity rows times ``W.T``, a block
-        of input columns at a time (exact: one nonzero term per output)."""
+    def _int4_weight(self) -> torch.Tensor:
+        """The dequantized weight [R, C] read back through the int4 kernel (in its table's dtype): identity rows
+        times ``W.T``, a block of input columns at a time (exact: one nonzero term per output)."""
         r, c = self.shape
-        dev = self.codes.device
-        kdtype = dtype if int4_kernel_works(str(dev), dtype) else torch.bfloat16
-        table = torch.empty(2 * r * (c // self.group), dtype=kdtype, device=dev)
-        out = torch.empty(r, c, dtype=dtype, device=dev)
+        dev, kdtype = self.codes.device, self.table.dtype
+        out = torch.empty(r, c, dtype=kdtype, device=dev)
         for lo in range(0, c, 256):
             hi = min(c, lo + 256)
             eye = torch.zeros(hi - lo, c, dtype=kdtype, device=dev)
             eye[:, lo:hi] = torch.eye(hi - lo, dtype=kdtype, device=dev)
-            out[:, lo:hi] = self.linear(eye, table).t()  # [hi - lo, R] -> columns lo:hi of W
+            out[:, lo:hi] = self.linear(eye).t()  # [hi - lo, R] -> columns lo:hi of W
         return out
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -278,20 +282,20 @@ class PackedWeight:
             w = (bnbf.dequantize_4bit(self.codes, self.state) if self.spec.bits == 4
                  else bnbf.dequantize_blockwise(self.codes, self.state))
             return w.to(dtype)
+        if self.kernel == "int4mm":
+            return self._int4_weight().to(dtype)
         out = torch.empty(self.shape, dtype=dtype, device=self.scale.device)
         return self.dequantize_rows(0, self.shape[0], out)
 
     # ---- compute ---------------------------------------------------------------------------------
-    def linear(self, x: torch.Tensor, scratch: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, scratch: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
         """``x @ W.T (+ bias)`` for ``x`` [T, C]; ``scratch``: a flat buffer of ``x``'s dtype with at least
-        :meth:`scratch_elems` elements (its size decides how many rows are dequantized at a time)."""
+        :meth:`scratch_elems` elements (its size decides how many rows are dequantized at a time; unused by the
+        low-bit kernels)."""
         r, c = self.shape
         if self.kernel == "int4mm":
-            table = scratch[:2 * r * (c // self.group)].view(c // self.group, r, 2)  # [G, N, 2]
-            s = self.scale.t()  # [G, N]
-            table[..., 0].copy_(s)
-            table[..., 1].copy_((8 - self._zero().t().float()) * s.float())
-            y = _int4_mm(x.contiguous(), self.codes, self.group, table)
+            y = _int4_mm(x.contiguous(), self.codes, self.group, self.table)
             return y if bias is None else y + bias
         if self.kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
             import bitsandbytes as bnb
