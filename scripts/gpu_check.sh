@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared check for a lent GPU: nothing from the network, at most 9 minutes, a failing step fails it, at most
+# The one prepared check for a lent GPU: nothing from the network, at most 10 minutes, a failing step fails it, at most
 # 8 files under $OUT. Steps (each writes one file; the first failing one stops the script with its exit status):
 #   env.txt        GPU, driver, torch, transformers (the image's; a carried lowest-supported one if it is older)
 #   tests.txt      the CUDA tests (device memory within the budget, lossless measured cells, pinned store, host
@@ -11,6 +11,8 @@
 #   validate.md    `validate` with that profile on random-init checkpoints at real expert sizes (2 layers of
 #                  Mixtral, 4 of Qwen1.5-MoE) for lru, cpu-experts, specter and oracle: measured and modeled TPOT,
 #                  error per strategy, lossless or not
+#   graphs.md      host ms per decode token with --cuda-graphs off and auto (tiny-qwen-moe, every expert resident)
+#                  beside the modeled resident TPOT at Qwen1.5-MoE geometry; the graph state and its reason
 #   summary.txt    the step times and the verdict
 # What the image lacks comes from the git-ignored folder $WHEELS (default .wheels/, filled on a machine with a network
 # by scripts/min_transformers.sh and `pip download --no-deps -d .wheels <package>`), installed --no-deps --no-index.
@@ -95,5 +97,6 @@ step probe probe.md 60 "$PY" scripts/gpu_probe.py
 step calibrate calibrate.txt 45 "$PY" -m specterbench.bench.calibrate --device cuda --shape 4096,14336 \
   --out "$OUT/profile.toml"
 step validate validate.md 150 validate_both
-cat "$OUT/probe.md" "$OUT/validate.md"
+step graphs graphs.md 45 "$PY" scripts/gpu_graphs.py
+cat "$OUT/probe.md" "$OUT/validate.md" "$OUT/graphs.md"
 note "gpu check passed; the files are under $OUT"

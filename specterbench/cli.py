@@ -133,7 +133,7 @@ def run_config(args, host):
         geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=_options(args.set),
-        decode=decode_setting(args), precision=precision_setting(args))
+        decode=decode_setting(args), precision=precision_setting(args), cuda_graphs=args.cuda_graphs)
     config.validate(host)
     from specterbench.bench.checks import check_workload_size
     from specterbench.bench.runner import load_prompts
@@ -429,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", metavar="RUN_DIR", help="continue a run with its saved options (run.json), skipping "
                    "finished cells; an option that differs from the saved one is refused")
     s.add_argument("--no-warmup", action="store_true")
+    s.add_argument("--cuda-graphs", default="auto", choices=("auto", "off"),
+                   help="auto (default): on CUDA the MoE layers' routers and shared experts replay CUDA graphs in "
+                   "decode and verification (eager on any capture failure, which is said); off: every kernel eager. "
+                   "Rows record cuda_graphs and cuda_graphs_reason")
     add_decode_arguments(s)
     add_precision_arguments(s)
     s.add_argument("--quiet", action="store_true")

@@ -21,7 +21,7 @@ DECISION_POINTS = sorted(name for name, value in vars(Strategy).items()
                          if not name.startswith("_") and callable(getattr(Strategy, name)))
 # Engine methods the runner and the seam call: listed in their own section, not one heading each.
 RUNNER_ONLY = ("configure", "begin_request", "begin_warmup", "end_warmup", "run_moe_layer", "start_recording",
-               "stop_recording", "set_precision", "end_cell")
+               "stop_recording", "set_precision", "end_cell", "setup_graphs")
 
 
 def public_methods(cls) -> dict:

@@ -38,7 +38,8 @@ SAMPLE_KEYS = {"tpot_ms": "tpot_ms", "tpot_mean_ms": "tpot_ms", "host_ms_per_tok
 WALL_TIME = frozenset({"host_ms_per_token"})
 HOST_CLOCK_TIME = frozenset({"tpot_ms", "tpot_mean_ms", "tpot_p90_ms", "ttft_ms", "tokens_per_s", "stall_ms_per_token"})
 COMPATIBLE = (("schema_version", "schema version"), ("model", "model"), ("geometry", "geometry"),
-              ("profile", "profile"), ("precision", "target precision"), ("decode_label", "decode setting"))
+              ("profile", "profile"), ("precision", "target precision"), ("decode_label", "decode setting"),
+              ("graphs_label", "kernel launch mode (--cuda-graphs)"))
 
 
 def cell_key(row: ResultRow) -> tuple:

@@ -30,7 +30,7 @@ def summary_table(rows: list[ResultRow]):
     records = []
     for r in rows:
         clock = {"modeled": f"modeled · {r.profile}", "measured": "measured (CUDA events)",
-                 "host": "host wall only"}[r.clock]
+                 "host": "host wall only"}[r.clock] + (" · CUDA graphs" if r.cuda_graphs == "used" else "")
         records.append({
             "model": (r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)")
             + ("" if r.precision == "bf16" else f", {r.precision}"),

@@ -83,6 +83,8 @@ class ResultRow:
     nvml_note: str | None = None  # why the NVML columns are empty, e.g. "no NVML: library not found"
     peak_host_rss_bytes: int | None = None
     peak_device_bytes: int | None = None  # torch.cuda.max_memory_allocated on CUDA
+    cuda_graphs: str | None = None  # used | off | unavailable (--cuda-graphs; None: a row written before the setting)
+    cuda_graphs_reason: str | None = None  # why, e.g. "no CUDA (device cpu)", "capture failed: <error>"
     extra: dict = field(default_factory=dict)
     samples: dict = field(default_factory=dict)  # raw per-token samples: tpot_ms, host_ms, ttft_ms
     warmup: dict = field(default_factory=dict)  # the warm-up request's samples, kept apart
@@ -96,6 +98,12 @@ class ResultRow:
         from specterbench.bench.runner import strategy_label
 
         return strategy_label(self.strategy, self.extra.get("strategy_options"))
+
+    @property
+    def graphs_label(self) -> str:
+        """``CUDA graphs`` when the decode replayed them, else ``eager`` (off, unavailable, or a row written before
+        ``--cuda-graphs``: all of those ran every kernel eagerly)."""
+        return "CUDA graphs" if self.cuda_graphs == "used" else "eager"
 
     @property
     def decode_label(self) -> str:

@@ -28,6 +28,7 @@ from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.precision import BF16, Precision, quantize_model
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
+from specterbench.engine.graphs import check_setting as check_graph_setting
 from specterbench.bench.budget import Budget, parse_budget  # noqa: F401 - parse_budget is imported from here
 from specterbench.bench.checks import (check_context, check_device, check_device_memory, check_strategy_options,
                                        check_workload_size)
@@ -60,6 +61,7 @@ class BenchConfig:
     decode: DecodeSetting = DEFAULT_DECODE  # greedy, or Gumbel-max sampling shared by reference, strategies and drafts
     precision: Precision = BF16  # the target's stored weights (--expert-bits, --dense-bits): quantized before the
     # reference is recorded, so the reference is the quantized model itself
+    cuda_graphs: str = "auto"  # --cuda-graphs: auto (capture on CUDA, eager elsewhere or on failure) | off
 
     def __post_init__(self):
         if self.decode.mode == "sample" and self.decode.seed != self.seed:  # one seed: the noise follows --seed
@@ -75,6 +77,7 @@ class BenchConfig:
         check_threads(self.threads)
         if self.repeats <= 0:
             raise UsageError(f"repeats must be positive, got {self.repeats}")
+        check_graph_setting(self.cuda_graphs)
         if self.clock not in ("modeled", "measured"):
             raise UsageError(f"unknown clock {self.clock!r}; use 'modeled' or 'measured'")
         if not self.budgets:
@@ -480,6 +483,7 @@ class Runner:
                 row.extra["strategy_options"] = dict(options)
             strategy = cls(**options)
             engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine, self._host_pool))
+            engine.setup_graphs(cfg.cuda_graphs)
             row.strategy_device_bytes = strategy.device_bytes(engine)
             strategy.prepare(engine, calibration if cls.uses_calibration else None)
 
@@ -526,6 +530,7 @@ class Runner:
                 if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
                     row.peak_device_bytes = torch.cuda.max_memory_allocated(engine.device)
                 hooks.specterbench_cell_end(cell=key, row=row)
+            row.cuda_graphs, row.cuda_graphs_reason = engine.graphs.state.mode, engine.graphs.state.reason
             engine.end_cell()  # the draft, its scratch and the cache go with the cell
         row.duration_s = time.perf_counter() - started
         return row

@@ -93,7 +93,7 @@ class Clock(Protocol):
         """Copies that landed since the last call, in landing order."""
 
     def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
-                efficiency: float = 1.0) -> float:
+                efficiency: float = 1.0, graph_nodes: int = 0) -> float:
         """Charge one device op (the fields of a :class:`~specterbench.engine.costs.Op`); returns its price in
         seconds (a measured clock only prices it: the real kernel takes its own time)."""
 
@@ -298,12 +298,12 @@ class ModeledClock(_Backlog):
 
     # ---- compute -----------------------------------------------------------------------------------
     def op_seconds(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
-                   efficiency: float = 1.0) -> float:
-        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
+                   efficiency: float = 1.0, graph_nodes: int = 0) -> float:
+        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency, graph_nodes)
 
     def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
-                efficiency: float = 1.0) -> float:
-        dt = self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
+                efficiency: float = 1.0, graph_nodes: int = 0) -> float:
+        dt = self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency, graph_nodes)
         self.now_s += dt
         self.totals.compute_busy_s += dt
         self.totals.launches += launches

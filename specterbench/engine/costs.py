@@ -77,6 +77,7 @@ class Op(NamedTuple):
     launches: int = 1
     alu_ops: float = 0.0
     efficiency: float = 1.0
+    graph_nodes: int = 0  # kernels replayed from a captured CUDA graph (``launches`` then counts the replays)
 
 
 class HostOp(NamedTuple):
@@ -115,19 +116,25 @@ class CostModel:
         return Op(flops, total, launches, weights * kernel.dequant_ops_per_weight, efficiency)
 
     def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0,
-                    kernel: LowBitKernel | None = None) -> Op:
+                    kernel: LowBitKernel | None = None, captured: bool = False) -> Op:
         """The non-routed part of one decoder layer over ``n_tokens`` new tokens at ``context`` positions
         (``bytes_ratio`` < 1: a draft's low-bit copy of its weights, run with ``kernel``; the router and the KV cache
-        stay 16-bit)."""
+        stay 16-bit). ``captured``: the engine replays the MoE layer's capturable pieces (router, shared experts;
+        :mod:`specterbench.engine.graphs`) from CUDA graphs — their kernels are graph nodes, each piece one replay
+        launch, the rest eager launches."""
         g = self.geometry
         params = g.layer_dense_params(moe)
         router = g.hidden * g.num_experts if moe else 0
         kv_bytes = 2 * context * g.kv_heads * g.head_dim * g.dtype_bytes
         s = g.layer_scale
-        return self._lowbit(s * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
-                            s * (params - router), bytes_ratio, kernel, s * (router * g.dtype_bytes + kv_bytes),
-                            self._launches(self.kernels.moe_layer_dense if moe else self.kernels.dense_layer),
-                            g.dtype_bytes)
+        k = self.kernels
+        op = self._lowbit(s * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),
+                          s * (params - router), bytes_ratio, kernel, s * (router * g.dtype_bytes + kv_bytes),
+                          self._launches(k.moe_layer_dense if moe else k.dense_layer), g.dtype_bytes)
+        if not (captured and moe and k.moe_layer_pieces):
+            return op
+        return op._replace(launches=self._launches(k.moe_layer_dense - k.moe_layer_captured + k.moe_layer_pieces),
+                           graph_nodes=self._launches(k.moe_layer_captured))
 
     def expert(self, n_tokens: int, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> Op:
         """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's; a low-bit
@@ -189,15 +196,16 @@ class CostModel:
 
     # ---- what it costs (seconds) --------------------------------------------------------------------
     def op_seconds(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
-                   efficiency: float = 1.0) -> float:
-        """``launches · launch_us + max(flops / flops_per_s, bytes / (mem_bytes_per_s · efficiency), alu_ops /
-        alu_ops_per_s)``: tensor cores, the memory stream and a low-bit kernel's unpacking overlap; the slowest
-        decides."""
+                   efficiency: float = 1.0, graph_nodes: int = 0) -> float:
+        """``launches · launch_us + graph_nodes · graph_node_us + max(flops / flops_per_s, bytes / (mem_bytes_per_s ·
+        efficiency), alu_ops / alu_ops_per_s)``: tensor cores, the memory stream and a low-bit kernel's unpacking
+        overlap; the slowest decides. Kernels replayed from a captured CUDA graph cost ``graph_node_us`` each; the
+        replay itself is one of ``launches``."""
         p = self.profile
         t = max(flops / p.flops_per_s, nbytes / (p.mem_bytes_per_s * efficiency))
         if alu_ops:
             t = max(t, alu_ops / self.alu_ops_per_s)
-        return launches * p.launch_us * 1e-6 + t
+        return launches * p.launch_us * 1e-6 + graph_nodes * p.graph_node_us * 1e-6 + t
 
     @property
     def alu_ops_per_s(self) -> float:

@@ -342,7 +342,7 @@ def dense_linears(model) -> list[nn.Linear]:
     """The linear layers a dense copy replaces: plain ``nn.Linear``s but the tiny per-layer shared-expert gates
     (a router that subclasses ``nn.Linear`` with its own forward, like PhiMoE's, stays the target's)."""
     return [m for name, m in model.named_modules()
-            if type(m) is nn.Linear and not name.endswith("shared_expert_gate")]
+            if type(m) is nn.Linear and "shared_expert_gate" not in name.split(".")]  # .piece: a captured one
 
 
 def dense_scratch_rows(model) -> int:

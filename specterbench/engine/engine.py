@@ -23,6 +23,7 @@ from specterbench.engine.clocks import Clock, HostWallClock
 from specterbench.engine.costs import CostEstimates, CostModel
 from specterbench.engine.fused import fuse_rms_norms
 from specterbench.engine.geometry import Geometry, geometry_from_config
+from specterbench.engine.graphs import GraphController, GraphState
 from specterbench.engine.precision import BF16
 from specterbench.engine.kernels import (DEFAULT_KERNELS, EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES,
                                         count_model_launches)
@@ -155,6 +156,7 @@ class Engine(CacheControl):
                                  device_dtype=self.compute_dtype)  # built layer by layer
         for layer, block in enumerate(blocks):
             block.experts = OffloadedExperts(self, layer, block.experts.act_fn)
+        self.moe_blocks = blocks  # the model's MoE blocks, by MoE layer
         self.gates = [router_of(block) for block in blocks]  # routers, for strategies that predict ahead
         self.model.to(self.device)
         self.cache_kwarg = cache_kwarg(model)  # the name this transformers' forward takes the KV cache under
@@ -189,8 +191,15 @@ class Engine(CacheControl):
         self._pending: set = set()
         self._routed_guard = False
         self._mark = (0.0, 0.0, 0.0)
+        self.graphs = GraphController(self)  # CUDA graphs of the MoE layers' static pieces (--cuda-graphs)
         self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
         self.clock.costs.kernels = self.kernels
+
+    def setup_graphs(self, setting: str) -> GraphState:
+        """Apply ``--cuda-graphs`` (``auto`` | ``off``): on CUDA the MoE layers' routers and shared experts replay
+        CUDA graphs in decode and verification forwards; elsewhere, or when off or when a capture fails, every
+        kernel runs eagerly. The state says which, and why (:mod:`specterbench.engine.graphs`)."""
+        return self.graphs.setup(setting)
 
     # ---- sizes -------------------------------------------------------------------------------------
     @property
@@ -270,6 +279,7 @@ class Engine(CacheControl):
         from specterbench.engine.draft import release_drafts
 
         release_drafts(self)
+        self.graphs.reset()  # the cell's graphs and their static buffers go with it
         if isinstance(self.clock, CudaClock):  # pragma: no cover - needs CUDA
             self.clock.close()  # a host-expert pool the clock made itself (a run's own pool is the runner's)
         self.cache = None
@@ -420,8 +430,9 @@ class Engine(CacheControl):
 
     def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         """One MoE layer through the cache (the seam's call); phases in :mod:`specterbench.engine.moe_layer`."""
-        self.clock.compute(*self.clock.costs.dense_layer(hidden.shape[0], self.context_len, moe=True,
-                                                         bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
+        T = hidden.shape[0]
+        self.clock.compute(*self.clock.costs.dense_layer(T, self.context_len, moe=True, bytes_ratio=self.dense_ratio,
+                                                         kernel=self.dense_kernel, captured=self.graphs.replays(T)))
         if self.expert_override is not None:
             return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         groups = group_tokens(top_k_index, top_k_weights, self.num_experts)

@@ -64,8 +64,8 @@ class HostWallClock(_Backlog):
         return out
 
     def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
-                efficiency: float = 1.0) -> float:
-        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency)
+                efficiency: float = 1.0, graph_nodes: int = 0) -> float:
+        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency, graph_nodes)
 
     def wait_landed(self, t: Transfer) -> float:
         return 0.0  # it landed when it was issued

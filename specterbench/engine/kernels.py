@@ -50,6 +50,8 @@ class KernelCounts:
     """Kernel-launching ops of each part of a forward (see the module docstring)."""
 
     moe_layer_dense: int = 40  # a MoE layer's non-routed part: attention, norms, rotary, router, shared experts
+    moe_layer_captured: int = 0  # of those, the capturable pieces' (router, shared experts; engine.graphs)
+    moe_layer_pieces: int = 0  # eager launches their replays add per MoE layer (input copy and replay, each)
     dense_layer: int = 36  # a dense (non-MoE) decoder layer
     forward: int = 20  # once per forward: embedding, rotary tables, masks, final norm, head, logits
     grouped_experts: int = GROUPED_EXPERT_LAUNCHES + HOST_READ_LAUNCHES
@@ -129,12 +131,15 @@ def section(name: str):
 def count_model_launches(engine) -> KernelCounts:
     """Count the dense parts of one decode forward of ``engine``'s model (experts stood in for, not counted):
     per MoE layer, per dense layer, and per forward. Runs one 2-token prefill and one counted 1-token step."""
+    from specterbench.engine.graphs import REPLAY_LAUNCHES, capturable_pieces
+
     model = engine.model
     layers = _decoder_layers(model)
     moe_ids = {id(b) for b in _moe_blocks_of(engine)}
     kinds = ["moe" if any(id(m) in moe_ids for m in layer.modules()) else "dense" for layer in layers]
     counter = LaunchCounter()
     handles = []
+    replay_launches = [0]  # eager launches the capturable pieces' replays would add
 
     def enter(kind):
         def hook(module, args):
@@ -144,9 +149,18 @@ def count_model_launches(engine) -> KernelCounts:
     def leave(module, args, output):
         counter._section.pop()
 
+    def leave_piece(module, args, output):
+        counter._section.pop()
+        if LaunchCounter.active is counter:
+            replay_launches[0] += REPLAY_LAUNCHES
+
     for layer, kind in zip(layers, kinds):
         handles.append(layer.register_forward_pre_hook(enter(kind)))
         handles.append(layer.register_forward_hook(leave))
+    for block in _moe_blocks_of(engine):
+        for _, piece in capturable_pieces(block):
+            handles.append(piece.register_forward_pre_hook(enter("captured")))
+            handles.append(piece.register_forward_hook(leave_piece))
 
     def stand_in(layer, act_fn, hidden, top_k_index, top_k_weights):
         with counter.paused():
@@ -167,10 +181,13 @@ def count_model_launches(engine) -> KernelCounts:
         for h in handles:
             h.remove()
     n_moe, n_dense = kinds.count("moe"), kinds.count("dense")
-    moe = counter.sections.get("moe", 0)
+    captured = counter.sections.get("captured", 0)
+    moe = counter.sections.get("moe", 0) + captured
     dense = counter.sections.get("dense", 0)
     outside = counter.total - moe - dense
     return replace(DEFAULT_KERNELS, moe_layer_dense=round(moe / max(1, n_moe)),
+                   moe_layer_captured=round(captured / max(1, n_moe)),
+                   moe_layer_pieces=round(replay_launches[0] / max(1, n_moe)),
                    dense_layer=round(dense / n_dense) if n_dense else DEFAULT_KERNELS.dense_layer,
                    forward=outside, counted_on=getattr(model.config, "model_type", type(model).__name__))
 

@@ -2,7 +2,8 @@
 
 A profile prices an accelerator (compute stream) and its host link (copy stream). The modeled clock charges
 each operation ``launch_us + max(flops / flops_per_s, bytes / mem_bytes_per_s)`` on the compute stream and
-each expert copy ``link_latency_us + bytes / link_bytes_per_s`` on the copy stream.
+each expert copy ``link_latency_us + bytes / link_bytes_per_s`` on the copy stream. Kernels the engine replays from a
+captured CUDA graph (``--cuda-graphs``, :mod:`specterbench.engine.graphs`) cost ``graph_node_us`` each instead.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specterbench.errors import UsageError
+
+
+#: where the default ``graph_node_us`` comes from
+GRAPH_NODE_SOURCE = ("CUDA graphs: NVIDIA Developer Blog, A. Gray, 'Getting Started with CUDA Graphs' (2019): 20 "
+                     "short kernels per step take 3.8 us each launched back to back on a stream and 3.4 us each "
+                     "replayed as one graph, of which ~2.9 us is the kernel: ~0.5 us per graph node; priced at "
+                     "1.0 us per node plus one launch_us per replay")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +39,14 @@ class HardwareProfile:
     # (:mod:`specterbench.engine.lowbit`); 0: not stated, priced at flops_per_s / 16 (the A100's CUDA-core to
     # tensor-core ratio, 19.5 vs 312 TFLOP/s)
     alu_ops_per_s: float = 0.0
+    # one kernel replayed from a captured CUDA graph (the replay itself costs one launch_us); the default is
+    # :data:`GRAPH_NODE_SOURCE`'s figure, rounded up
+    graph_node_us: float = 1.0
 
     def __post_init__(self) -> None:
         # alu_ops_per_s may be 0 (not stated: priced at flops_per_s / 16)
-        _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us", "alu_ops_per_s"))
+        _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us", "alu_ops_per_s",
+                                                    "graph_node_us"))
 
     @classmethod
     def from_dict(cls, data: dict) -> "HardwareProfile":
@@ -100,6 +112,7 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
             "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest; mixtral-offloading, Eliseev & "
             "Mazur 2023)",
             "NVIDIA A100 whitepaper: 108 SMs x 64 INT32 lanes x 1.41 GHz = 9.7e12 instructions/s; 60% reachable",
+            GRAPH_NODE_SOURCE,
         ),
         alu_ops_per_s=108 * 64 * 1.41e9 * 0.6,
     ),
@@ -116,6 +129,7 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
             "NVIDIA H100 PCIe datasheet: 756 TFLOP/s bf16 dense, 2.0 TB/s HBM2e; 60%/80% reachable",
             "PCIe 5.0 x16 pinned H2D ~50 GB/s measured (CUDA bandwidthTest on Gen5 hosts)",
             "NVIDIA H100 whitepaper: 114 SMs (PCIe) x 64 INT32 lanes x 1.755 GHz = 12.8e12 instructions/s; 60%",
+            GRAPH_NODE_SOURCE,
         ),
         alu_ops_per_s=114 * 64 * 1.755e9 * 0.6,
     ),
@@ -132,6 +146,7 @@ BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
             "NVIDIA Ada whitepaper: 165 TFLOP/s bf16 dense (fp32 accumulate), 1008 GB/s GDDR6X; 60%/80% reachable",
             "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest)",
             "NVIDIA Ada whitepaper: 128 SMs x 64 INT32 lanes x 2.52 GHz = 20.6e12 instructions/s; 60% reachable",
+            GRAPH_NODE_SOURCE,
         ),
         alu_ops_per_s=128 * 64 * 2.52e9 * 0.6,
     ),
