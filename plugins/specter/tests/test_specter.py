@@ -110,10 +110,14 @@ def test_int4_g128_draft_is_charged_at_its_packed_size():
     configure(engine, strategy, 0.6)
     from specterbench.engine.draft import expert_scratch_bytes
 
-    weights = [w for pair in engine.store.weights.values() for w in pair]
-    groups = sum(w.shape[0] * (w.shape[1] // 128 if w.shape[1] % 128 == 0 else 1) for w in weights)  # per row
-    n = sum(w.numel() for w in weights)
-    packed = n // 2 + groups * 20 // 8  # nibbles + fp16 scale and 4-bit zero per group of 128 (or per short row)
+    item = engine.compute_dtype.itemsize
+    packed = 0
+    for key, pair in engine.store.weights.items():
+        for w, p in zip(pair, strategy.draft.packed[key]):
+            groups = w.shape[0] * (w.shape[1] // 128 if w.shape[1] % 128 == 0 else 1)  # per row
+            # nibbles + torch int4 kernel's (scale, zero) table in the compute dtype, else fp16 scale and 4-bit zero
+            meta = groups * 2 * item if p.kernel == "int4mm" else groups * 20 // 8
+            packed += w.numel() // 2 + meta
     assert strategy.draft.nbytes == packed + expert_scratch_bytes(engine, strategy.spec)  # + the scratch it computes in
     assert strategy.draft.allocated_bytes() <= 1.02 * strategy.draft.nbytes
     assert strategy.draft.nbytes == quantized_bytes(engine, strategy.spec)
