@@ -429,7 +429,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", metavar="RUN_DIR", help="continue a run with its saved options (run.json), skipping "
                    "finished cells; an option that differs from the saved one is refused")
     s.add_argument("--no-warmup", action="store_true")
-    s.add_argument("--cuda-graphs", default="auto", choices=("auto", "off"),
+    from specterbench.engine.graphs import SETTINGS as GRAPH_SETTINGS
+
+    s.add_argument("--cuda-graphs", default="auto", choices=GRAPH_SETTINGS,
                    help="auto (default): on CUDA the MoE layers' routers and shared experts replay CUDA graphs in "
                    "decode and verification (eager on any capture failure, which is said); off: every kernel eager. "
                    "Rows record cuda_graphs and cuda_graphs_reason")

@@ -381,8 +381,9 @@ class QuantizedDense:
         elems = max((p.scratch_elems(rows=max(1, cap // p.shape[1])) for p in self.packed), default=0)
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
         weights = sum(p.shape[0] * p.shape[1] for p in self.packed) or 1
-        stored = sum(8 * s.weight_bytes(p.shape, p.kernel) for p, (_, s) in zip(self.packed, pairs)) / weights / 16
-        # (read at the priced 16-bit table: bytes_ratio is over 16-bit weights at the clock's dtype)
+        # read at the priced dtype (an int4 kernel's table in 16-bit), over 16-bit weights
+        stored = sum(8 * s.weight_bytes(p.shape, p.kernel, PRICED_DTYPE_BYTES)
+                     for p, (_, s) in zip(self.packed, pairs)) / weights / 16
         dequant = sum(p.shape[0] * p.shape[1] for p in self.packed if p.kernel == "dequant") / weights
         self.kernels = sorted({p.kernel for p in self.packed})
         self.kernel = price_kernel(self.kernels, spec)  # how the modeled clock prices the kernels that read this copy
@@ -504,9 +505,10 @@ class QuantizedExperts:
         self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft
         self.kernel = price_kernel([p.kernel for p in first], spec)  # and how the modeled clock prices it
         self.dequantized = sum(p.kernel == "dequant" for p in first) / 2  # share of weights dequantized per call
-        item = _itemsize(engine.compute_dtype)
-        packed_bytes = sum(p.spec.weight_bytes(p.shape, p.kernel, item) for pair in self.packed.values() for p in pair)
-        # over 16-bit weights (the cost model's unit), whatever the target's own precision: ≈ 0.28 nf4/b64, 0.26 int4
+        # the bytes a kernel reads at the priced dtype (an int4 kernel's table in 16-bit, as on the GPU the clock
+        # prices), over 16-bit weights (the cost model's unit), whatever the target's own precision
+        packed_bytes = sum(p.spec.weight_bytes(p.shape, p.kernel, PRICED_DTYPE_BYTES)
+                           for pair in self.packed.values() for p in pair)
         self.stored_ratio = packed_bytes / (PRICED_DTYPE_BYTES * engine.store.total_params)
         # what computing an expert reads and writes over a 16-bit expert's bytes, the price strategies estimate
         # with: the packed bytes, plus a 16-bit write and read of the scratch where a weight is dequantized

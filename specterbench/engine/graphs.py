@@ -25,6 +25,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from specterbench.engine.kernels import LaunchCounter
 from specterbench.errors import UsageError
 
 SETTINGS = ("auto", "off")
@@ -149,8 +150,6 @@ class GraphController:
         at most :data:`MAX_WIDTH` tokens while capture is in use, over the target's own dense weights (a draft's
         low-bit dense copy swaps linears' forwards, which a graph would not see), and no launch counter is watching
         (its ``TorchDispatchMode`` cannot see inside a replay)."""
-        from specterbench.engine.kernels import LaunchCounter
-
         e = self.engine
         return (self.state.used and T <= MAX_WIDTH and e.context_len > e.forward_tokens
                 and LaunchCounter.active is None
