@@ -20,14 +20,6 @@ from specterbench.bench.workloads import WORKLOADS, load_workload
 MAX_WEIGHT_BYTES = 20 * 1024 * 1024
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 class _Loaded(dict):
     """name -> (model, tokenizer, load CPU seconds), loaded on first use and kept for the module.
 

@@ -6,7 +6,6 @@ import io
 import json
 
 import pytest
-import torch
 
 pytest.importorskip("lm_eval")
 
@@ -42,7 +41,6 @@ class TestStrategies:
 def eval_run(tmp_path_factory):
     from specterbench.plugins.host import get_host, reset_host
 
-    torch.set_num_threads(1)
     reset_host()
     get_host().register(TestStrategies(), "test-eval-strategies")
     out = tmp_path_factory.mktemp("eval")

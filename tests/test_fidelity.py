@@ -18,14 +18,6 @@ from specterbench.errors import ModelError, UsageError
 INT4 = dict(bits=4, blocksize=128, quantizer="int")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def shipped():
     """Each shipped stand-in (float32) with 2 held-out windows of 128 tokens."""

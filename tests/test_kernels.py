@@ -36,7 +36,6 @@ def configure(engine, strategy, budget_bytes):
 
 @pytest.fixture(scope="module", params=list(ROUTING_GEOMETRIES))
 def engine(request):
-    torch.set_num_threads(1)
     return Engine(routing_geometry_random(request.param), name=f"random-{request.param}")
 
 

@@ -22,7 +22,6 @@ CONTINUATION = " gentle Portia."
 
 @pytest.fixture(scope="module")
 def engine():
-    torch.set_num_threads(1)
     return load_engine("tiny-random-mixtral")
 
 

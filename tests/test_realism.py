@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from specterbench import embedded
 from specterbench.embedded import lrc, realism
@@ -123,14 +122,6 @@ def test_every_stand_in_names_a_published_model():
 
 SMALL = realism.ReportSize(heldout_windows=2, decode_prompts=2, decode_new_tokens=8, prompt_tokens=16,
                            draft_windows=1)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("name", embedded.EMBEDDED_MODELS)
