@@ -12,8 +12,9 @@ tokens in one pass. On top of the artifact:
   predicted to finish first, counting the host's own queue against the link's;
 - **a smaller draft**: routed experts at 3 bits, group 128, by default (``--set specter.bits=4`` etc.).
 
-Room is made by evicting experts the draft did not predict (least recently used first), then predicted ones of
-layers the verification has passed, then the one needed last. Tokens are the target's own under greedy and
+Room is made by evicting transients the window does not need ahead (least recently used first), then residents it
+does not need ahead (least popular first), then predicted ones of layers the verification has passed, then the one
+needed last; the plan's own copies take only the room of transients, never a resident's. Tokens are the target's own under greedy and
 sampled decoding.
 """
 
@@ -277,12 +278,20 @@ class Specter(SpeculativeDecoding):
         super().after_draft_step(step, routing, step_s)
         self.governor.observe_draft_step(step_s)
         if self.plan_on:
-            self.planner.after_step(routing, step_s)
+            self.planning = True
+            try:
+                self.planner.after_step(routing, step_s)
+            finally:
+                self.planning = False
 
     def before_verify(self):
         super().before_verify()
         if self.plan_on:
-            self.planner.issue(None)
+            self.planning = True
+            try:
+                self.planner.issue(None)
+            finally:
+                self.planning = False
 
     def before_layer(self, layer, experts, tokens_per_expert):
         super().before_layer(layer, experts, tokens_per_expert)
@@ -352,15 +361,19 @@ class Specter(SpeculativeDecoding):
             heapq.heappush(self.transient_heap, (stamp, key))
 
     def _victim(self, candidates):
-        """Unpredicted transients least recently used first, then unpredicted residents least popular first, then
-        experts of layers the verification has passed; without scanning the cache: the transients sit in a heap by
-        recency (stale entries refreshed or dropped as they surface), the residents are walked in popularity order,
-        and each walk stops at the first fit."""
+        """Transients not needed ahead least recently used first, then residents not needed ahead least popular
+        first, then experts of layers the verification has passed; without scanning the cache: the transients sit
+        in a heap by recency (stale entries refreshed or dropped as they surface), the residents are walked in
+        popularity order, and each walk stops at the first fit. "Needed ahead": the draft routed to it in this
+        window, at a layer the verification has not passed (a predicted expert of a passed layer is just a
+        transient). A copy of the plan (``planning``) takes only the room of transients not needed ahead: a
+        one-window prediction never displaces the calibration's popular residents, which no later step brings back."""
         predicted = self.window_draft if self.plan_on else {}  # spec-host: no draft-guided eviction
         cache, heap, aside = self.engine.cache, self.transient_heap, []
+        passed = self.verify_layer if self.verifying else -1
 
-        def unpredicted(k):
-            return k[1] not in predicted.get(k[0], ())
+        def unneeded(k):
+            return k[0] < passed or k[1] not in predicted.get(k[0], ())
 
         best = None
         while heap:
@@ -371,7 +384,7 @@ class Specter(SpeculativeDecoding):
             elif (now := cache.recency(k)) != stamp:
                 heapq.heapreplace(heap, (now, k))
                 self.transients[k] = now
-            elif not unpredicted(k):  # predicted: stays so until the window ends
+            elif not unneeded(k):  # needed ahead: stays so until the window ends
                 self.parked.append(heapq.heappop(heap))
             elif k in candidates:
                 best = k
@@ -382,17 +395,21 @@ class Specter(SpeculativeDecoding):
             heapq.heappush(heap, item)
         if best is not None:  # least recently used first
             return best
+        if self.planning:
+            return None
         for k in self.residents_by_unpopularity:  # residents the window does not need: least popular first
-            if k in candidates and unpredicted(k):
+            if k in candidates and unneeded(k):
                 return k
-        untracked = next((k for k in candidates if unpredicted(k)), None)  # e.g. landed since the last layer
+        untracked = next((k for k in candidates if unneeded(k)), None)  # e.g. landed since the last layer
         if untracked is not None:
             return untracked
         done = next((k for k in candidates if k[0] < self.verify_layer), None)  # layers the verification passed
         if done is not None:
             return done
         # all predicted and still ahead: give up the one needed last (latest layer, fewest draft tokens)
-        return max(candidates, key=lambda k: (k[0], -predicted[k[0]][k[1]]))
+        return max(candidates, key=lambda k: (k[0], -predicted.get(k[0], {}).get(k[1], 0)))
+
+    planning = False  # inside the plan's copies (after a draft step, before the verification)
 
     def on_copy_landed(self, key):
         super().on_copy_landed(key)

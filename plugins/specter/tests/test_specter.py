@@ -139,6 +139,28 @@ def test_plan_is_issued_earliest_layer_first():
     assert layers[1:] == sorted(layers[1:])  # after the copy that took the idle link, layer 0 goes first
 
 
+def test_plan_copies_never_displace_residents():
+    """The plan may take the room of transients only: a full cache of residents refuses the draft's predictions
+    (the verification places those misses), and no resident is evicted by a plan copy."""
+    engine = engine_for()
+    strategy = Specter(k=3)
+    configure(engine, strategy, 0.8)
+    strategy.residents = set(engine.store.weights)  # every expert a calibration resident (none cached yet)
+    strategy.residents_by_unpopularity = sorted(strategy.residents)
+    while engine.cache.free_bytes >= engine.expert_bytes:  # fill the cache with residents, none predicted below
+        key = next(k for k in sorted(strategy.residents, reverse=True) if k not in engine.cache)
+        assert engine.prefetch(key).name == "QUEUED"
+    engine.clock.settle()
+    before = set(engine.cache.slots)
+    strategy.begin_window(3)
+    strategy.after_draft_step(0, [(0, [0, 1], [2, 1]), (1, [0, 1], [1, 2])], step_s=1.0)
+    strategy.before_verify()
+    engine.clock.settle()
+    predicted_missing = {(0, 0), (0, 1), (1, 0), (1, 1)} - before
+    assert predicted_missing  # the plan had something to bring in
+    assert set(engine.cache.slots) == before and not strategy.planner.issued  # no resident gave its slot
+
+
 @pytest.mark.parametrize("cls, options, match", [
     (Specter, {"k": 33}, r"k=33 is out of range: use 'auto' or an integer from 0 to 32"),
     (Specter, {"k": "x"}, "out of range"),
