@@ -28,6 +28,7 @@ OPTIONS = {"specter": {"k": 4}}
 BUDGET_FRACTION = 0.5
 PROMPT_TOKENS = 16
 NEW_TOKENS = 16
+ROUNDS = 3  # every cell measured once per round, rounds interleaved: a ratio is the median of per-round ratios
 #: targets at DeepSeek-V3 geometry, as ratios measured side by side in one process: the engine with every expert
 #: resident against the stock model, the strategies against the engine with every expert resident
 STOCK_TARGET = {"deepseek-v3": 0.8}
@@ -178,25 +179,35 @@ def main(argv: list[str]) -> int:
     for geometry in geometries:
         t0 = time.perf_counter()
         world = World.build(geometry)
-        stock = stock_ms_per_token(geometry)
-        cells, floor = [f"{stock:.1f}"], None
-        for name in (FLOOR, *STRATEGIES):
+        names = (FLOOR, *STRATEGIES)
+        ms: dict[str, list[float]] = {name: [] for name in ("stock", *names)}
+        errors: dict[str, str] = {}
+        for name in names:  # warm-up, and each strategy's tokens checked against the reference
             try:
-                strategy = world.strategy(name)
-                world.host_ms_per_token(strategy)  # warm-up
-                ms, tokens = world.host_ms_per_token(strategy)
-                ok = "" if tuple(tokens) == world.reference_tokens else " (tokens differ!)"
-                if name == FLOOR:
-                    floor, base, target = ms, stock, STOCK_TARGET.get(geometry)
-                else:
-                    base, target = floor, TARGETS.get((geometry, name))
-                mark = f" ({ms / base:.2f}×, target ≤ {target:g}×)" if target and base else ""
-                cells.append(f"{ms:.1f}{mark}{ok}")
+                tokens = world.host_ms_per_token(world.strategy(name))[1]
+                if tuple(tokens) != world.reference_tokens:
+                    errors[name] = "tokens differ!"
             except Exception as err:  # a strategy's failure is its cell's
-                cells.append(f"error: {type(err).__name__}: {err}"[:80])
+                errors[name] = f"error: {type(err).__name__}: {err}"[:80]
+        for _ in range(ROUNDS):  # side by side: each round measures every cell once, so load drifts hit all alike
+            ms["stock"].append(stock_ms_per_token(geometry))
+            for name in names:
+                if name not in errors:
+                    ms[name].append(world.host_ms_per_token(world.strategy(name))[0])
+        cells = [f"{statistics.median(ms['stock']):.1f}"]
+        for name in names:
+            if name in errors and not ms[name]:
+                cells.append(errors[name])
+                continue
+            base = "stock" if name == FLOOR else FLOOR
+            target = STOCK_TARGET.get(geometry) if name == FLOOR else TARGETS.get((geometry, name))
+            ratio = statistics.median(a / b for a, b in zip(ms[name], ms[base])) if ms[base] else None
+            mark = f" ({ratio:.2f}×, target ≤ {target:g}×)" if target and ratio else ""
+            cells.append(f"{statistics.median(ms[name]):.1f}{mark}" + (f" ({errors[name]})" if name in errors else ""))
         e, layers, k = GEOMETRIES[geometry]
         print(f"| {geometry} ({e} × {layers}, top-{k}) | " + " | ".join(cells) + " |", flush=True)
-        print(f"  (built and measured in {time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+        print(f"  (built and measured in {time.perf_counter() - t0:.0f} s; ratios: median over {ROUNDS} rounds of "
+              f"per-round ratios)", file=sys.stderr)
     return 0
 
 
