@@ -192,17 +192,43 @@ def _priced_share(engine, elems: float) -> int:
     return int(round(elems * g.dtype_bytes / g.all_expert_bytes * engine.total_expert_bytes))
 
 
+def grouped_dequant(kernels, spec: QuantSpec, shapes) -> bool:
+    """Whether a draft step's routed experts are dequantized together (one unpack over the stacked codes of the
+    routed experts, one batched GEMM per projection): both weights dequantized, in a format of this project's
+    packing (``int``, ``hqq``) that stacks; a low-bit kernel or bitsandbytes' own layout runs per expert."""
+    return set(kernels) == {"dequant"} and all(packing.StackedWeights.fits(s, spec) for s in shapes)
+
+
+SCRATCH_SHARE = 0.05  # the most of a draft's own bytes a grouped dequantization's scratch may take
+
+
+def draft_chunk(engine, spec: QuantSpec, kernels, shapes) -> int:
+    """How many routed experts a draft step dequantizes together: ``top_k`` where their weights' scratch stays
+    within ``SCRATCH_SHARE`` of the draft's bytes at the priced geometry (every real model the project prices:
+    Mixtral 2, Qwen1.5-MoE 4, DeepSeek-V2-Lite 6), fewer where it would not (a tiny model at its own sizes: 1);
+    1 where the format runs per expert."""
+    if not grouped_dequant(kernels, spec, shapes):
+        return 1
+    g = engine.geometry
+    draft = spec.bits_per_weight() / 8 * g.num_experts * g.moe_layers * g.expert_params
+    weight = 2 * g.expert_intermediate * g.hidden * g.dtype_bytes  # the larger projection, gate_up [2I, H]
+    chunk = min(engine.top_k, int(SCRATCH_SHARE * draft // weight))
+    return chunk if chunk > 1 else 1
+
+
 def expert_scratch_bytes(engine, spec: QuantSpec) -> int:
-    """Device bytes of the scratch a :class:`QuantizedExperts` with ``spec`` keeps: one expert's largest weight
-    dequantized (or the int4 kernel's table) in the compute dtype, plus the unpacking tables — what it allocates at
-    the model's own geometry; at a projection, the real model's one expert weight's share."""
+    """Device bytes of the scratch a :class:`QuantizedExperts` with ``spec`` keeps: the largest weight of the experts
+    a step dequantizes together (:func:`draft_chunk`; none for a low-bit kernel) in the compute dtype, plus the
+    unpacking tables — what it allocates at the model's own geometry; at a projection, the real model's share of as
+    many expert weights."""
     gate_up, down = engine.store.weights[next(iter(engine.store.weights))]
     kernels = [_kernel_for(w.shape, spec, engine) for w in (gate_up, down)]
+    experts = draft_chunk(engine, spec, kernels, (gate_up.shape, down.shape))
     if engine.geometry is not engine.own_geometry:
         g = engine.geometry
-        return _priced_share(engine, 0 if "dequant" not in kernels else 2 * g.expert_intermediate * g.hidden)
+        return _priced_share(engine, 0 if "dequant" not in kernels else experts * 2 * g.expert_intermediate * g.hidden)
     elems = max(_scratch_elems(w.shape, spec, k) for w, k in zip((gate_up, down), kernels))
-    return elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+    return experts * elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -500,7 +526,13 @@ class QuantizedExperts:
                                                           engine.compute_dtype)
                                      for w in pair)
         first = self.packed[next(iter(self.packed))]
-        elems = max(p.scratch_elems() for p in first)
+        self.stacks: dict = {}  # layer -> (gate_up, down) StackedWeights: a step's routed experts dequantized together
+        self.chunk = draft_chunk(engine, spec, [p.kernel for p in first], [p.shape for p in first])
+        if self.chunk > 1:  # (a chunk of one runs the per-expert path: fewer launches than a stacked one)
+            for layer in range(engine.num_layers):
+                pairs = [self.packed[(layer, e)] for e in range(engine.num_experts)]
+                self.stacks[layer] = tuple(packing.StackedWeights([p[j] for p in pairs]) for j in (0, 1))
+        elems = max(p.scratch_elems() for p in first) * self.chunk
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
         self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft
         self.kernel = price_kernel([p.kernel for p in first], spec)  # and how the modeled clock prices it
@@ -520,12 +552,15 @@ class QuantizedExperts:
         """Storage bytes of every tensor this copy holds on its device, scratch and unpacking tables included."""
         if not self.packed:
             return 0  # released
-        held = sum(p.nbytes() for pair in self.packed.values() for p in pair)
+        if self.stacks:  # every weight a view of its layer's stacks: count the stacks once
+            held = sum(w.nbytes() for pair in self.stacks.values() for w in pair)
+        else:
+            held = sum(p.nbytes() for pair in self.packed.values() for p in pair)
         return held + packing.storage_bytes(self.scratch) + packing.unpack_table_bytes(self.spec.bits)
 
     def release(self) -> None:
         """Free the packed weights and the scratch (the end of the cell)."""
-        self.packed, self.scratch = {}, torch.empty(0)
+        self.packed, self.stacks, self.scratch = {}, {}, torch.empty(0)
 
     def weights(self, key):
         """Dense weights of one quantized expert, dequantized into new tensors (a substitute for a missed one)."""
@@ -539,18 +574,39 @@ class QuantizedExperts:
 
     def _compute(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # -> [T, H], TokenGroups
         groups = group_tokens(top_k_index, top_k_weights, self.engine.num_experts)
+        if self.stacks and hidden.shape[0] == 1:  # a draft step: its k experts dequantized and multiplied together
+            return self._compute_grouped(layer, act_fn, hidden, top_k_index, top_k_weights), groups
+        return self._compute_loop(layer, act_fn, hidden, groups), groups
+
+    def _compute_loop(self, layer, act_fn, hidden, groups):  # [T, H] -> [T, H]: one expert at a time
         out = torch.zeros_like(hidden)  # [T, H]
         for e, token_idx, scale in groups:  # token_idx [n], scale [n, 1]
             gate_up, down = self.packed[(layer, e)]
             gate, up = gate_up.linear(hidden[token_idx], self.scratch).chunk(2, dim=-1)
             y = down.linear(act_fn(gate) * up, self.scratch) * scale  # [n, H]
             out.index_add_(0, token_idx, y.to(out.dtype))
-        return out, groups
+        return out
+
+    def _compute_grouped(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [1, H] -> [1, H]
+        """One token's routed experts, in its routing's order: each projection's k weights dequantized into the
+        scratch in one pass over the stacked codes, then one batched GEMM (the scratch is reused for ``down``)."""
+        gate_up, down = self.stacks[layer]
+        out, h = None, hidden.shape[1]
+        for lo in range(0, top_k_index.shape[1], self.chunk):  # chunks of the routed experts (distinct)
+            experts = top_k_index[0, lo:lo + self.chunk]  # [c]
+            c = experts.shape[0]
+            x = hidden.expand(c, h).unsqueeze(1)  # [c, 1, H]
+            gate, up = torch.bmm(x, gate_up.dequantize(experts, self.scratch).transpose(1, 2)).chunk(2, dim=-1)
+            y = torch.bmm(act_fn(gate) * up, down.dequantize(experts, self.scratch).transpose(1, 2))  # [c, 1, H]
+            part = torch.mm(top_k_weights[:, lo:lo + c].to(y.dtype), y.view(c, h))  # [1, H]
+            out = part if out is None else out + part
+        return out.to(hidden.dtype)
 
     def _count_launches(self) -> tuple[int, int]:
-        """(launches once per layer, launches per expert) of :meth:`_compute`, counted on this copy's own kernels
-        under inference mode as the engine runs it (one token routed to one expert, then to two, after a call that
-        builds the lazily made unpacking tables): what :meth:`charge_fused` charges, not a typed constant."""
+        """(launches once per layer, launches per chunk of :attr:`chunk` experts — per expert where they run one at a
+        time) of :meth:`_compute` for one token, counted on this copy's own kernels under inference mode as the engine
+        runs it (one token routed to one expert, then to ``chunk + 1``: a second chunk, after a call that builds the
+        lazily made unpacking tables): what :meth:`charge_fused` charges, not a typed constant."""
         from specterbench.engine.kernels import LaunchCounter
 
         engine, silu = self.engine, torch.nn.functional.silu
@@ -558,14 +614,14 @@ class QuantizedExperts:
         x = torch.zeros(1, h, dtype=engine.compute_dtype, device=engine.device)  # [1, H]
         counts = []
         with torch.inference_mode():
-            for k in (1, 1, 2):  # the first call builds the tables and is not counted
+            for k in (1, 1, self.chunk + 1):  # the first call builds the tables and is not counted
                 idx = torch.arange(k, device=engine.device).view(1, k)  # [1, k]
                 w = torch.full((1, k), 1.0 / k, dtype=engine.compute_dtype, device=engine.device)
                 with LaunchCounter() as counter:
                     self._compute(0, silu, x, idx, w)
                 counts.append(counter.total)
-        per_expert = counts[2] - counts[1]
-        return counts[1] - per_expert, per_expert
+        per_chunk = counts[2] - counts[1]
+        return counts[1] - per_chunk, per_chunk
 
     def fused_op(self, tokens_per_expert):
         """One layer's routed experts as this copy runs them: every routed expert's FLOPs and bytes read by the
@@ -573,7 +629,7 @@ class QuantizedExperts:
         read from the 16-bit scratch), with the launches its expert path was counted to issue
         (:meth:`_count_launches`) — what :meth:`charge_fused` charges and what a strategy's estimate reads."""
         costs = self.engine.clock.costs
-        launches = self.layer_launches + self.expert_launches * len(tokens_per_expert)
+        launches = self.layer_launches + self.expert_launches * -(-len(tokens_per_expert) // self.chunk)
         op = costs.experts_fused(tokens_per_expert, self.bytes_ratio, self.kernel)
         return op._replace(launches=round(launches * costs.geometry.layer_scale))
 

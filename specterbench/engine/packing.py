@@ -311,3 +311,43 @@ class PackedWeight:
             w = self.dequantize_rows(start, stop, scratch[:(stop - start) * c].view(stop - start, c))
             out[..., start:stop] = F.linear(x, w, None if bias is None else bias[start:stop])
         return out
+
+
+class StackedWeights:
+    """One layer's same-shaped :class:`PackedWeight` s of every expert (``int`` or ``hqq``, dequantized), their
+    tensors stacked ``[E, ...]`` and each weight re-pointed to its row (the storage is held once), so that the
+    experts a step routes to dequantize in one pass: :meth:`dequantize` gathers their rows, unpacks them together and
+    applies zero and scale with the arithmetic of :meth:`PackedWeight.dequantize_rows`."""
+
+    def __init__(self, weights: list[PackedWeight]):
+        w0 = weights[0]
+        self.shape, self.spec, self.group = w0.shape, w0.spec, w0.group
+        self.codes = torch.stack([w.codes for w in weights])  # [E, packed bytes]
+        self.scale = torch.stack([w.scale for w in weights])  # [E, R, G] fp16
+        self.zero = torch.stack([w.zero for w in weights])  # [E, packed bytes] (int) or [E, R, G] fp16 (hqq)
+        for i, w in enumerate(weights):
+            w.codes, w.scale, w.zero = self.codes[i], self.scale[i], self.zero[i]
+
+    @staticmethod
+    def fits(shape, spec) -> bool:
+        """Whether weights of ``shape`` stack: every expert's codes a whole number of packed words."""
+        rows, cols = shape
+        return spec.quantizer in ("int", "hqq") and (spec.bits == 8 or (rows * cols) % 8 == 0)
+
+    def nbytes(self) -> int:
+        return storage_bytes(self.codes) + storage_bytes(self.scale) + storage_bytes(self.zero)
+
+    def dequantize(self, experts: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+        """The weights of ``experts`` (long [n], on the device) dequantized into ``scratch``: [n, R, C]."""
+        r, c = self.shape
+        g, bits, n = self.group, self.spec.bits, experts.shape[0]
+        out = scratch[:n * r * c].view(n, r, c // g, g)
+        codes = self.codes.index_select(0, experts)  # [n, packed bytes]
+        out.copy_(unpack_bits(codes.view(-1), bits, n * r * c).view(n, r, c // g, g))
+        zero = self.zero.index_select(0, experts)
+        if self.spec.quantizer != "hqq":  # bits-bit zeros, each expert's padded to whole words
+            per = zero.shape[1] * 8 // bits if bits < 8 else zero.shape[1]
+            zero = unpack_bits(zero.view(-1), bits, n * per).view(n, per)[:, :r * (c // g)].view(n, r, c // g)
+        out.sub_(zero.unsqueeze(-1))  # q - zero: exact (integers below 256)
+        out.mul_(self.scale.index_select(0, experts).unsqueeze(-1))  # times the fp16 scale, rounded once
+        return out.view(n, r, c)
