@@ -163,18 +163,12 @@ def priced_geometry(geometry: Geometry, precision: Precision) -> Geometry:
 
 @torch.no_grad()
 def quantize_model(model, precision: Precision) -> None:
-    """Replace the target's weights by their quantized values, in place, before an engine is built on it: the
-    routed experts per expert slice (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I], groups along the input
-    dimension) and, with ``dense_bits`` < 16, every dense ``nn.Linear`` (routers and embeddings stay 16-bit)."""
+    """Replace the target's dense weights by their quantized values, in place, before an engine is built on it: with
+    ``dense_bits`` < 16, every dense ``nn.Linear`` (routers and embeddings stay 16-bit). The routed experts are not
+    touched here: the engine built with ``precision`` packs them into its store as it takes each layer over
+    (:class:`~specterbench.engine.store.ExpertStore`)."""
     from specterbench.engine.seam import find_moe_blocks, router_of
 
-    spec = precision.expert_spec
-    if spec is not None:
-        for block in find_moe_blocks(model):
-            for name in ("gate_up_proj", "down_proj"):
-                fused = getattr(block.experts, name)  # [E, out, in]
-                for e in range(fused.shape[0]):
-                    fused.data[e] = roundtrip(fused.data[e].float(), spec).to(fused.dtype)
     dense = precision.dense_spec
     if dense is not None:
         routers = {id(m) for block in find_moe_blocks(model) for m in router_of(block).modules()}
