@@ -210,7 +210,8 @@ class Engine(CacheControl):
     def expert_bytes(self) -> int:
         """Bytes one expert holds in the device cache, the budget's unit: on CUDA what it really allocates (the
         compute dtype); elsewhere the store's 16-bit bytes (so budgets and modeled results do not depend on the
-        CPU's compute dtype). What one copy moves is ``store.expert_bytes``."""
+        CPU's compute dtype); a quantized target's packed bytes everywhere (a slot holds exactly them). What one copy
+        moves is ``store.expert_bytes``."""
         return self.store.device_expert_bytes if self.device.type == "cuda" else self.store.expert_bytes
 
     @property
