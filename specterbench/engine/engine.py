@@ -244,9 +244,8 @@ class Engine(CacheControl):
         stored, copied and held in a slot as (packed codes plus group metadata) — cache, budgets and link ledger —
         its per-expert path's launches counted, and the geometry priced at those bits. The dense part was quantized
         in place by :func:`~specterbench.engine.precision.quantize_model`."""
-        from specterbench.engine.precision import priced_geometry
-
         from specterbench.engine.moe_layer import count_packed_launches
+        from specterbench.engine.precision import priced_geometry
 
         self.precision = precision
         self.dense_ratio, self.dense_kernel = precision.dense_ratio, precision.dense_kernel

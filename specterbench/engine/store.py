@@ -131,7 +131,7 @@ class ExpertStore:
             for name in ("gate_up_proj", "down_proj"):
                 t = getattr(experts, name).detach()
                 if spec is not None:  # quantized from the model's own values, not from a 16-bit copy of them
-                    t, copied = (t.to("cpu"), True) if t.device.type != "cpu" else (t, True)
+                    t, copied = t.to("cpu"), True
                 elif t.device.type != "cpu" or t.dtype != dtype:
                     t, copied = t.to("cpu", dtype), True
                 fused.append(t)
@@ -175,11 +175,11 @@ class ExpertStore:
         for weights in (gate_ups, downs):
             packed = [PackedWeight(w.float(), self.spec, torch.float32, kernels=False) for w in weights]
             parts = [torch.stack(ts) for ts in zip(*(p.parts() for p in packed))]  # each [E, ...]
+            templates.append(packed[0])  # its layout (its own tensors go when this layer is done)
             del packed
             if self.pinned:  # pragma: no cover - needs CUDA
                 parts = [_copy_to_pinned(t) for t in parts]
             stacks.append(parts)
-            templates.append(PackedWeight(weights[0].float(), self.spec, torch.float32, kernels=False))
         for e in range(len(gate_ups)):
             self.weights[(layer, e)] = tuple(t.over([p[e] for p in parts]) for t, parts in zip(templates, stacks))
 
