@@ -108,17 +108,19 @@ def test_set_precision_bills_stored_bytes_and_prices_the_geometry():
     from specterbench.engine.precision import quantize_model
 
     model, tok = tiny_random("mixtral")
-    before = model.model.layers[0].mlp.experts.gate_up_proj.detach().clone()
+    experts_before = model.model.layers[0].mlp.experts.gate_up_proj.detach().clone()
+    dense_before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
     precision = Precision.parse(4, 8)
     quantize_model(model, precision)
-    after = model.model.layers[0].mlp.experts.gate_up_proj.detach()
-    assert not torch.equal(before, after) and (before - after).abs().max() < 0.2 * before.abs().max()
+    dense_after = model.model.layers[0].self_attn.q_proj.weight.detach()
+    assert not torch.equal(dense_before, dense_after)  # the dense part is quantized in place
+    assert torch.equal(model.model.layers[0].mlp.experts.gate_up_proj, experts_before)  # experts: the store packs
     engine = Engine(model, name="tiny-random-mixtral", tokenizer=tok)
     sixteen = engine.expert_bytes
-    engine.set_precision(precision)
-    gu, dn = engine.store.weights[(0, 0)]
+    engine.set_precision(precision)  # an engine built at 16 bits packs its store here, a layer at a time
+    gu, dn = engine.store.shapes
     spec = precision.expert_spec
-    assert engine.expert_bytes == spec.weight_bytes(gu.shape) + spec.weight_bytes(dn.shape) < sixteen / 3
+    assert engine.expert_bytes == spec.weight_bytes(gu) + spec.weight_bytes(dn) < sixteen / 3
     assert engine.precision is precision and engine.dense_ratio == precision.dense_ratio < 0.6
     assert engine.geometry.expert_bits_per_weight == pytest.approx(precision.expert_bits_per_weight(
         engine.geometry.hidden, engine.geometry.expert_intermediate))

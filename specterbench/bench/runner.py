@@ -361,7 +361,8 @@ class Runner:
         spec = self.host.models().get(model_name)
         model, tokenizer = spec.load()
         quantize_model(model, self.config.precision)  # the reference and every cell run the quantized model
-        engine = Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer)
+        engine = Engine(model, name=model_name, device=self.config.device, tokenizer=tokenizer,
+                        precision=self.config.precision)  # a quantized target's experts are packed as it is built
         geometry = self.config.geometry_for(spec)
         if geometry is not None:
             engine.geometry = project(engine.own_geometry, geometry)

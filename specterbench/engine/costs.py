@@ -136,15 +136,34 @@ class CostModel:
         return op._replace(launches=self._launches(k.moe_layer_dense - k.moe_layer_captured + k.moe_layer_pieces),
                            graph_nodes=self._launches(k.moe_layer_captured))
 
+    def target_read(self) -> tuple[float, LowBitKernel | None]:
+        """``(bytes_ratio, kernel)`` of the target's own experts as the engine runs them: 16-bit, the grouped op
+        over the stored bytes; packed (``--expert-bits`` < 16, ``kernels.target_expert`` counted), each expert
+        dequantized into the 16-bit scratch and multiplied there — the packed bytes read, the scratch written and
+        read back (2 × a 16-bit expert's bytes), by a 16-bit GEMM."""
+        g = self.geometry
+        stored = g.expert_bytes / (g.expert_params * g.dtype_bytes)
+        if self.kernels.target_expert:
+            return stored + 2.0, BF16
+        return stored, None
+
     def expert(self, n_tokens: int, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> Op:
         """One routed expert over ``n_tokens`` (``bytes_ratio``: its weight bytes over a 16-bit expert's; a low-bit
-        copy runs with ``kernel``, inferred from the ratio when None). No ratio: the target's own expert at the bits
-        it is stored with (``--expert-bits``: the geometry's bits per weight; 16-bit unless quantized)."""
+        copy runs with ``kernel``, inferred from the ratio when None). No ratio: the target's own expert as the
+        engine runs it (:meth:`target_read`: 16-bit, or its packed bytes dequantized into the scratch, with the
+        launches counted on that path)."""
         g = self.geometry
+        launches = self.kernels.per_expert
         if bytes_ratio is None:
-            bytes_ratio = g.expert_bytes / (g.expert_params * g.dtype_bytes)
+            bytes_ratio, kernel = self.target_read()
+            launches = self.kernels.target_expert or launches
         return self._lowbit(g.layer_scale * 2 * n_tokens * g.expert_params, g.layer_scale * g.expert_params,
-                            bytes_ratio, kernel, 0.0, self._launches(self.kernels.per_expert), g.dtype_bytes)
+                            bytes_ratio, kernel, 0.0, self._launches(launches), g.dtype_bytes)
+
+    def target_layer(self) -> Op:
+        """What a layer of packed target experts launches once, whatever its experts (the routing's host read,
+        the combine): nothing else is read."""
+        return Op(0.0, 0.0, self._launches(self.kernels.target_layer))
 
     def experts_fused(self, tokens_per_expert: Sequence[int], bytes_ratio: float = 1.0,
                       kernel: LowBitKernel | None = None) -> Op:
@@ -163,11 +182,14 @@ class CostModel:
         target's stored precision unless ``bytes_ratio`` says otherwise, the grouped op's launches whatever the
         experts and tokens)."""
         g = self.geometry
+        launches = self.kernels.grouped_experts
         if bytes_ratio is None:
-            bytes_ratio = g.expert_bytes / (g.expert_params * g.dtype_bytes)
+            bytes_ratio, kernel = self.target_read()
+            if self.kernels.target_expert:  # packed: one expert at a time (no grouped kernel reads packed formats)
+                launches = self.kernels.target_layer + self.kernels.target_expert * len(tokens_per_expert)
         return self._lowbit(g.layer_scale * 2 * sum(tokens_per_expert) * g.expert_params,
                             g.layer_scale * g.expert_params * len(tokens_per_expert), bytes_ratio, kernel, 0.0,
-                            self._launches(self.kernels.grouped_experts), g.dtype_bytes)
+                            self._launches(launches), g.dtype_bytes)
 
     def sample(self, rows: int) -> Op:
         """The on-device Gumbel-max sampler over ``rows`` rows of logits: hash, noise, argmax (fp32)."""

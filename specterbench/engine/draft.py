@@ -521,7 +521,8 @@ class QuantizedExperts:
         self.spec = spec
         self.nbytes = quantized_bytes(engine, spec)
         self.packed: dict = {}
-        for key, pair in engine.store.weights.items():
+        for key in engine.store.weights:
+            pair = engine.store.values(key)  # the target's values (a quantized target's dequantized from its store)
             self.packed[key] = tuple(packing.PackedWeight(error_scaled(w.to(engine.device), spec).to(engine.compute_dtype), spec,
                                                           engine.compute_dtype)
                                      for w in pair)

@@ -142,7 +142,8 @@ def cache_kwarg(model: nn.Module) -> str:
 
 class Engine(CacheControl):
     def __init__(self, model: nn.Module, *, name: str, device: str | torch.device = "cpu",
-                 tokenizer=None, geometry: Geometry | None = None, store_dtype: torch.dtype = torch.bfloat16):
+                 tokenizer=None, geometry: Geometry | None = None, store_dtype: torch.dtype = torch.bfloat16,
+                 precision=BF16):
         check_transformers()
         host_memory_returns_to_the_os()
         self.name = name
@@ -152,8 +153,8 @@ class Engine(CacheControl):
         self.tokenizer = tokenizer
         blocks = find_moe_blocks(model)
         self.compute_dtype = next(model.parameters()).dtype
-        self.store = ExpertStore(blocks, store_dtype, pin=self.device.type == "cuda",
-                                 device_dtype=self.compute_dtype)  # built layer by layer
+        self.store = ExpertStore(blocks, store_dtype, pin=self.device.type == "cuda", device_dtype=self.compute_dtype,
+                                 spec=precision.expert_spec)  # built layer by layer; packed for a quantized target
         for layer, block in enumerate(blocks):
             block.experts = OffloadedExperts(self, layer, block.experts.act_fn)
         self.moe_blocks = blocks  # the model's MoE blocks, by MoE layer
@@ -194,6 +195,9 @@ class Engine(CacheControl):
         self.graphs = GraphController(self)  # CUDA graphs of the MoE layers' static pieces (--cuda-graphs)
         self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
         self.clock.costs.kernels = self.kernels
+        self.scratch: torch.Tensor | None = None  # packed experts are dequantized here on the device (per cell)
+        if precision.quantized:
+            self.set_precision(precision)
 
     def setup_graphs(self, setting: str) -> GraphState:
         """Apply ``--cuda-graphs`` (``auto`` | ``off``): on CUDA the MoE layers' routers and shared experts replay
@@ -206,7 +210,8 @@ class Engine(CacheControl):
     def expert_bytes(self) -> int:
         """Bytes one expert holds in the device cache, the budget's unit: on CUDA what it really allocates (the
         compute dtype); elsewhere the store's 16-bit bytes (so budgets and modeled results do not depend on the
-        CPU's compute dtype). What one copy moves is ``store.expert_bytes``."""
+        CPU's compute dtype); a quantized target's packed bytes everywhere (a slot holds exactly them). What one copy
+        moves is ``store.expert_bytes``."""
         return self.store.device_expert_bytes if self.device.type == "cuda" else self.store.expert_bytes
 
     @property
@@ -234,15 +239,24 @@ class Engine(CacheControl):
         return self.top_k * self.expert_bytes
 
     def set_precision(self, precision) -> None:
-        """The target's weights were quantized with ``precision`` (:func:`~specterbench.engine.precision.
-        quantize_model`, before this engine was built): bill every expert at its stored (packed) bytes — cache,
-        budgets and link ledger — and price the geometry at those bits."""
+        """The target is stored at ``precision``: its experts packed in the store (done while the engine was built
+        when it was given the precision; else here, a layer at a time), so every expert is billed at the bytes it is
+        stored, copied and held in a slot as (packed codes plus group metadata) — cache, budgets and link ledger —
+        its per-expert path's launches counted, and the geometry priced at those bits. The dense part was quantized
+        in place by :func:`~specterbench.engine.precision.quantize_model`."""
+        from specterbench.engine.moe_layer import count_packed_launches
         from specterbench.engine.precision import priced_geometry
 
         self.precision = precision
         self.dense_ratio, self.dense_kernel = precision.dense_ratio, precision.dense_kernel
-        gu, dn = self.store.weights[(0, 0)]
-        self.store.bill_stored_bytes(precision.expert_bytes(gu.shape, dn.shape))
+        try:
+            self.store.pack(precision.expert_spec)  # a no-op when the store was built with it (the engine's path)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        if self.store.packed:  # what its per-expert path launches, counted on its own kernels
+            layer, per_expert = count_packed_launches(self)
+            self.kernels = replace(self.kernels, target_expert=per_expert, target_layer=layer)
+            self.clock.costs.kernels = self.kernels
         own = self.geometry is self.own_geometry
         self.own_geometry = priced_geometry(self.own_geometry, precision)
         self.geometry = self.own_geometry if own else priced_geometry(self.geometry, precision)
@@ -261,7 +275,14 @@ class Engine(CacheControl):
                 f"({(need + extra) / self.total_expert_bytes:.1%} of expert bytes)")
         self.cache = DeviceCache(cache_bytes)
         self.pool = self._new_pool(cache_bytes)
-        self.kernels = replace(self.kernels, grouped_experts=EXPERT_OP_LAUNCHES[self.pool.mode] + HOST_READ_LAUNCHES)
+        if self.pool.mode != "packed":
+            self.kernels = replace(self.kernels,
+                                   grouped_experts=EXPERT_OP_LAUNCHES[self.pool.mode] + HOST_READ_LAUNCHES)
+        self.scratch = None
+        if self.store.packed:  # one expert weight dequantized at a time, reused by every expert of every layer
+            gu, dn = self.store.weights[(0, 0)]
+            elems = max(gu.scratch_elems(), dn.scratch_elems())
+            self.scratch = torch.empty(elems, dtype=self.compute_dtype, device=self.device)
         self._budget_bytes, self._device_bytes_left = int(budget_bytes), int(extra)
         self.clock = self._bind(clock)
         self.strategy = strategy
@@ -283,6 +304,7 @@ class Engine(CacheControl):
         if isinstance(self.clock, CudaClock):  # pragma: no cover - needs CUDA
             self.clock.close()  # a host-expert pool the clock made itself (a run's own pool is the runner's)
         self.cache = None
+        self.scratch = None  # the device scratch packed experts are dequantized into goes with the cell
         self.strategy = None
         self.expert_override = None
         trim_host_memory()
@@ -300,9 +322,10 @@ class Engine(CacheControl):
 
     def _new_pool(self, cache_bytes: int) -> SlotPool:
         """The slot pool of a cell's cache: as many expert slots as its bytes hold."""
-        gate_up, down = self.store.weights[(0, 0)]
-        return SlotPool(cache_bytes // self.expert_bytes, gate_up.shape, down.shape, self.num_layers,
-                        self.num_experts, self.compute_dtype, self.device)
+        gate_up, down = self.store.shapes
+        return SlotPool(cache_bytes // self.expert_bytes, gate_up, down, self.num_layers, self.num_experts,
+                        self.compute_dtype, self.device, template=self.store.weights[(0, 0)] if self.store.packed
+                        else None)
 
     def _bind(self, clock: Clock) -> Clock:
         """A measured clock made without prices gets the default profile's at this engine's geometry."""

@@ -58,6 +58,11 @@ class KernelCounts:
     per_expert: int = PER_EXPERT_LAUNCHES
     per_expert_layer: int = PER_EXPERT_LAYER_LAUNCHES
     sample: int = SAMPLE_LAUNCHES
+    #: a quantized target's experts, run one by one from their packed slots (dequantized into the scratch, or a
+    #: low-bit kernel): launches per expert and once per layer, counted on the engine's own path
+    #: (:func:`specterbench.engine.moe_layer.count_packed_launches`); 0: the target's experts are 16-bit (grouped op)
+    target_expert: int = 0
+    target_layer: int = 0
     counted_on: str = "default (transformers Mixtral, counted)"
 
 

@@ -6,7 +6,9 @@
 3. :func:`run_on_device` — the device experts are acquired (landed copies first, then in order of arrival) and run
    as **one grouped op** over the cache's slot pool (:func:`grouped_experts`: one grouped GEMM per projection, tokens
    grouped on the device). Only when the cache cannot hold the layer's device experts at once do they run one by
-   one (the per-expert path), misses fetched as soon as a computed expert frees a place.
+   one (the per-expert path), misses fetched as soon as a computed expert frees a place; a quantized target's
+   experts always do (their slots hold packed weights, which no grouped kernel reads: each is dequantized into the
+   engine's scratch and multiplied there).
 4. :func:`combine` — every routing's expert output, weighted by its routing weight and summed per token.
 
 The host learns the layer's routing once (:func:`specterbench.engine.routing.group_tokens`); no phase synchronises
@@ -15,6 +17,7 @@ with the device per expert.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,6 +25,7 @@ import torch.nn.functional as F
 
 from specterbench.engine.cache import ExpertKey, Slot
 from specterbench.engine.kernels import section
+from specterbench.engine.packing import PackedWeight
 from specterbench.engine.pool import SlotPool
 from specterbench.engine.routing import TokenGroups
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler
@@ -32,12 +36,70 @@ if TYPE_CHECKING:  # pragma: no cover
     from specterbench.engine.engine import Engine
 
 
-def expert_forward(weights, act_fn, x, scale=None):  # x [n, H], scale [n, 1] or None -> [n, H]
-    """One expert over its tokens: the per-expert path."""
+def expert_forward(weights, act_fn, x, scale=None, scratch=None):  # x [n, H], scale [n, 1] or None -> [n, H]
+    """One expert over its tokens: the per-expert path. ``weights``: two tensors, or two packed weights
+    (:class:`~specterbench.engine.packing.PackedWeight`, a quantized target) computed by their kernel — dequantized
+    into ``scratch`` (a flat buffer of ``x``'s dtype, reused) and multiplied there."""
     gate_up, down = weights
-    gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
-    y = F.linear(act_fn(gate) * up, down)
+    if isinstance(gate_up, PackedWeight):
+        gate, up = gate_up.linear(x, scratch).chunk(2, dim=-1)
+        y = down.linear(act_fn(gate) * up, scratch)
+    else:
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        y = F.linear(act_fn(gate) * up, down)
     return y if scale is None else y * scale
+
+
+_HOST = threading.local()
+
+
+def host_scratch(weights, dtype: torch.dtype) -> torch.Tensor | None:
+    """A host thread's reused scratch for a packed expert's weights (None for 16-bit weights)."""
+    if not isinstance(weights[0], PackedWeight):
+        return None
+    elems = max(w.scratch_elems() for w in weights)
+    buf = getattr(_HOST, "scratch", None)
+    if buf is None or buf.numel() < elems or buf.dtype != dtype:
+        buf = _HOST.scratch = torch.empty(elems, dtype=dtype)
+    return buf
+
+
+def host_weights(engine: "Engine", key: ExpertKey):
+    """Expert ``key`` as the host computes it: its store tensors in the compute dtype, or (packed) the store's own
+    packed weights, dequantized per call into the host thread's scratch."""
+    weights = engine.store.weights[key]
+    if engine.store.packed:
+        return weights
+    return tuple(w.to(engine.compute_dtype) for w in weights)
+
+
+def count_packed_launches(engine: "Engine") -> tuple[int, int]:
+    """(launches once per layer, launches per expert) of a quantized target's per-expert path — gather an expert's
+    token rows, :func:`expert_forward` from its packed weights, the combine — counted on the engine's own kernels
+    (two of the store's experts on its device, one token routed to one, then to two), as the draft counts its own
+    (:meth:`~specterbench.engine.draft.QuantizedExperts._count_launches`)."""
+    from specterbench.engine.kernels import LaunchCounter
+    from specterbench.engine.routing import group_tokens
+
+    store, dev, dtype = engine.store, engine.device, engine.compute_dtype
+    pairs = [tuple(w.over([p.to(dev) for p in w.parts()]) for w in store.weights[(0, e)]) for e in (0, 1)]
+    scratch = torch.empty(max(w.scratch_elems() for w in pairs[0]), dtype=dtype, device=dev)
+    hidden = torch.zeros(1, store.shapes[0][1], dtype=dtype, device=dev)  # [1, H]
+    counts = []
+    with torch.inference_mode():
+        for k in (1, 1, 2):  # the first call builds the unpacking tables and is not counted
+            idx = torch.arange(k, device=dev).view(1, k)  # [1, k]
+            w = torch.full((1, k), 1.0 / k, dtype=dtype, device=dev)
+            with LaunchCounter() as counter:
+                groups = group_tokens(idx, w, store.num_experts)
+                outputs = {}
+                for e in groups.experts:
+                    token_idx, _ = groups.of(e)
+                    outputs[e] = expert_forward(pairs[e], F.silu, hidden[token_idx], scratch=scratch)
+                combine(hidden, groups, None, outputs)
+            counts.append(counter.total)
+    per_expert = counts[2] - counts[1]
+    return counts[1] - per_expert, per_expert
 
 
 def grouped_experts(pool: SlotPool, layer: int, act_fn, hidden, top_k_index, top_k_weights, *, combine: bool,
@@ -122,8 +184,8 @@ def run_elsewhere(engine: "Engine", elsewhere: dict[ExpertKey, str], groups: Tok
         token_idx, _ = groups.of(key[1])
         n = len(token_idx)
         if where == ON_HOST:
-            host_weights = tuple(w.to(engine.compute_dtype) for w in engine.store.weights[key])
-            job = clock.run_on_host(lambda x, w=host_weights: expert_forward(w, act_fn, x),
+            weights = host_weights(engine, key)
+            job = clock.run_on_host(lambda x, w=weights: expert_forward(w, act_fn, x, scratch=host_scratch(w, x.dtype)),
                                     costs.host_expert(n), engine.host_threads, hidden[token_idx])
             jobs.append((key, job))
             stats.host_experts += 1
@@ -144,7 +206,7 @@ def run_on_device(engine: "Engine", layer: int, groups: TokenGroups, elsewhere, 
     order = sorted(keys, key=lambda k: _arrival_rank(engine, k))
     if not order:
         return None
-    if len(order) * engine.expert_bytes > cache.capacity_bytes:
+    if engine.pool.mode == "packed" or len(order) * engine.expert_bytes > cache.capacity_bytes:
         _run_one_by_one(engine, order, groups, act_fn, hidden, outputs)
         return None
     try:
@@ -169,6 +231,8 @@ def _run_one_by_one(engine: "Engine", order, groups: TokenGroups, act_fn, hidden
     """The per-expert path, for a layer whose device experts do not fit the cache at once: landed copies first, then
     in order of arrival; misses that found no room are fetched as soon as a computed expert frees a place."""
     cache, clock, stats, costs, pending = engine.cache, engine.clock, engine.stats, engine.clock.costs, engine._pending
+    if engine.pool.mode == "packed":  # the layer's own launches (routing read, combine), counted with the experts'
+        clock.compute(*costs.target_layer())
     deferred = [k for k in order if k not in cache]
     for key in order:
         while deferred and (deferred[0] in cache or engine._fetch(
@@ -177,7 +241,8 @@ def _run_one_by_one(engine: "Engine", order, groups: TokenGroups, act_fn, hidden
         slot = acquire(engine, key)
         cache.in_use = key
         token_idx, _ = groups.of(key[1])
-        outputs[key[1]] = expert_forward(slot.weights, act_fn, hidden[token_idx])  # [n, H], unweighted
+        outputs[key[1]] = expert_forward(slot.weights, act_fn, hidden[token_idx],  # [n, H], unweighted
+                                         scratch=engine.scratch)
         clock.compute(*costs.expert(len(token_idx)))
         stats.expert_computes += 1
         cache.in_use = None

@@ -209,6 +209,34 @@ class PackedWeight:
         state.code = _BNB_CODES.setdefault(key, state.code)  # one table per format, not one per weight
         self.codes, self.state = packed, state
 
+    # ---- the tensors held, and a weight over other tensors of the same layout --------------------
+    def parts(self) -> tuple[torch.Tensor, ...]:
+        """The tensors this weight holds, in a fixed order: ``(codes, scale, zero)`` (int, hqq; one ``table`` in place
+        of scale and zero for the int4 kernel) or ``(codes, absmax)`` (bnb). Copying them copies the weight."""
+        if self.state is not None:
+            return (self.codes, self.state.absmax)
+        if self.kernel == "int4mm":
+            return (self.codes, self.table)
+        return (self.codes, self.scale, self.zero)
+
+    def over(self, parts) -> "PackedWeight":
+        """A weight of this one's shape, spec and layout whose tensors are ``parts`` (same shapes and dtypes as
+        :meth:`parts`; e.g. rows of a stacked store or of a device slot): no copy, no quantizing."""
+        w = object.__new__(PackedWeight)
+        w.shape, w.spec, w.group, w.kernel = self.shape, self.spec, self.group, self.kernel
+        w.codes = w.scale = w.zero = w.state = w.table = None
+        if self.state is not None:
+            import copy
+
+            w.codes, absmax = parts
+            w.state = copy.copy(self.state)  # the shared code table and block size; its own absmax
+            w.state.absmax = absmax
+        elif self.kernel == "int4mm":
+            w.codes, w.table = parts
+        else:
+            w.codes, w.scale, w.zero = parts
+        return w
+
     # ---- sizes -----------------------------------------------------------------------------------
     def nbytes(self) -> int:
         """Storage bytes of every tensor held (a shared bitsandbytes code table is not counted per weight)."""

@@ -8,6 +8,12 @@ to slots on the device (:func:`specterbench.engine.moe_layer.grouped_experts`). 
 gathered into one batched GEMM: on the CPU, whose ``grouped_mm`` walks every group serially — 12 ms per call over
 15,000 slots — and wherever the grouped kernel is refused).
 
+A quantized target's pool (``template``: the store's packed expert, :mod:`specterbench.engine.store`) runs in mode
+``packed``: each weight's packed tensors (codes, per-group scale and zero) are stacked over the slots — ``gate_up``
+and ``down`` are tuples of ``[S, ...]`` tensors, each slot's rows exactly the bytes the cache charges and a copy
+moves — and a slot's weights are :class:`~specterbench.engine.packing.PackedWeight` views of its rows, computed one
+expert at a time (no grouped kernel reads packed formats; :func:`specterbench.engine.moe_layer.run_on_device`).
+
 The pool holds as many slots as the cache's byte budget allows; when a strategy releases device bytes to the cache,
 the pool grows (a new pair of tensors, rows copied once, entries re-pointed). On CUDA a slot freed by an eviction
 records an event on the compute stream; the copy that reuses it waits for that event on the copy stream, so an
@@ -24,32 +30,52 @@ class SlotPool:
     """S slots of expert weights on ``device`` in ``dtype``, and the (layer, expert) → slot table."""
 
     def __init__(self, slots: int, gate_up_shape, down_shape, num_layers: int, num_experts: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, template=None):
         self.dtype, self.device = dtype, torch.device(device)
         self.gate_up_shape, self.down_shape = tuple(gate_up_shape), tuple(down_shape)  # [2I, H], [H, I]
+        self.template = template  # packed: one expert's (gate_up, down) PackedWeights, whose layout every slot holds
         self.slots = 0
-        self.gate_up = torch.empty(0, *self.gate_up_shape, dtype=dtype, device=self.device)  # [S, 2I, H]
-        self.down = torch.empty(0, *self.down_shape, dtype=dtype, device=self.device)  # [S, H, I]
+        self.gate_up, self.down = self._allocate(0)  # [S, 2I, H], [S, H, I] (packed: tuples of [S, ...] parts)
         self.table = torch.zeros(num_layers, num_experts, dtype=torch.long, device=self.device)  # [L, E]
         self.owner: list = []  # slot -> the cache entry (Slot) living in it, or None
         self.free: list[int] = []
         self.freed_event: dict[int, object] = {}  # CUDA: slot -> event after the last kernel that read it
         self.group_ends = torch.zeros(0, dtype=torch.long, device=self.device)  # [S]: 0..S-1
         self.grow(slots)
-        self.mode = "grouped" if self.device.type == "cuda" and _grouped_mm_works(self) else "gathered"
+        if template is not None:
+            self.mode = "packed"
+        else:
+            self.mode = "grouped" if self.device.type == "cuda" and _grouped_mm_works(self) else "gathered"
+
+    def _allocate(self, slots: int):
+        if self.template is None:
+            return (torch.empty(slots, *self.gate_up_shape, dtype=self.dtype, device=self.device),
+                    torch.empty(slots, *self.down_shape, dtype=self.dtype, device=self.device))
+        return tuple(tuple(torch.empty(slots, *p.shape, dtype=p.dtype, device=self.device) for p in w.parts())
+                     for w in self.template)
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the pool holds (the slots' weights)."""
+        if self.template is None:
+            return (self.gate_up, self.down)
+        return (*self.gate_up, *self.down)
+
+    def allocated_bytes(self) -> int:
+        """Storage bytes of the slots' tensors (the table aside): what the cache's slots really occupy."""
+        return sum(t.untyped_storage().nbytes() for t in self.tensors())
 
     def grow(self, slots: int) -> None:
         """Hold at least ``slots`` slots (never shrinks); cached entries keep their rows."""
         if slots <= self.slots:
             return
         old = self.slots
-        gate_up = torch.empty(slots, *self.gate_up_shape, dtype=self.dtype, device=self.device)
-        down = torch.empty(slots, *self.down_shape, dtype=self.dtype, device=self.device)
+        gate_up, down = self._allocate(slots)
         if old:
             if self.device.type == "cuda":  # pragma: no cover - needs CUDA
                 torch.cuda.synchronize(self.device)  # copies already on the copy stream land in the old rows first
-            gate_up[:old].copy_(self.gate_up)
-            down[:old].copy_(self.down)
+            new = (gate_up, down) if self.template is None else (*gate_up, *down)
+            for dst, src in zip(new, self.tensors()):
+                dst[:old].copy_(src)
         self.gate_up, self.down = gate_up, down
         self.table.masked_fill_(self.table == old, slots)  # the "no slot" mark moves to the new end
         if not old:
@@ -62,8 +88,10 @@ class SlotPool:
             if entry is not None:
                 entry.weights = self.weights(i)
 
-    def weights(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of slot ``i``: ``(gate_up [2I, H], down [H, I])``."""
+    def weights(self, i: int):
+        """Views of slot ``i``: ``(gate_up [2I, H], down [H, I])`` (packed: PackedWeights over its rows)."""
+        if self.template is not None:
+            return tuple(w.over([p[i] for p in parts]) for w, parts in zip(self.template, (self.gate_up, self.down)))
         return self.gate_up[i], self.down[i]
 
     def take(self, key, entry) -> int:

@@ -5,21 +5,27 @@ AWQ elsewhere). ``--expert-bits 16|8|4|3|2`` quantizes the *target's* routed exp
 work's formats (:class:`~specterbench.engine.draft.QuantSpec`: the project's ``int`` quantizer by default, fp16 scale
 and a ``bits``-bit zero per group), and ``--dense-bits 16|8|4`` its attention, shared experts, dense MLPs and head.
 
-- **The reference is the quantized model itself**: the weights are replaced by their quantized values before the
-  engine is built, so the reference pass, every strategy and every draft see the same model, and lossless checks
-  keep their meaning (a lossless strategy must reproduce the quantized model's tokens).
+- **The reference is the quantized model itself**: the dense weights are replaced by their quantized values before
+  the engine is built and the experts are packed by the engine's store, so the reference pass, every strategy and
+  every draft see the same model, and lossless checks keep their meaning (a lossless strategy must reproduce the
+  quantized model's tokens).
 - **Budgets are fractions of the stored expert bytes**: one expert is billed at its packed bytes (codes plus
   per-group scale and zero, :meth:`QuantSpec.tensor_bytes`), in the cache, on the link ledger and in the modeled
   clock's prices (the geometry's bits per weight).
 - **A self-draft must sit below the target**: a speculative strategy whose draft has as many bits as the target's
   experts (or more) refuses in one line.
 
-Prices: the target's experts and dense weights run with their format's kernel (:func:`specterbench.engine.lowbit.
-kernel_for`), at their stored bytes over 16-bit, as drafts do.
+Where the weights live: the target's experts are stored packed — host RAM holds each expert's
+:class:`~specterbench.engine.packing.PackedWeight` tensors (codes, fp16 scale and packed zero per group: exactly
+:meth:`Precision.expert_bytes`), built layer by layer by :class:`~specterbench.engine.store.ExpertStore`; the cache's
+slots hold the same tensors (:class:`~specterbench.engine.pool.SlotPool` in mode ``packed``) and a fetch copies them,
+so allocated, copied and ledgered bytes are the billed ones. The dense part's quantized values stay in the compute
+dtype (priced at their packed bytes with their format's kernel).
 
-Where the weights live: the engine keeps the quantized values in the compute dtype (host RAM on a CPU run; the
-device slots of a CUDA run are allocated at that dtype too) while every byte figure is the packed one. The drafts'
-packed storage (:mod:`specterbench.engine.packing`) is not used by the expert store yet.
+Prices: each of the target's experts runs from its packed slot, dequantized into one reused scratch and multiplied by
+a 16-bit GEMM, and is priced so (:meth:`specterbench.engine.costs.CostModel.target_read`: the packed bytes plus the
+scratch's write and read, launches counted on that path); the dense weights with their format's kernel
+(:func:`specterbench.engine.lowbit.kernel_for`), at their stored bytes over 16-bit, as drafts' are.
 """
 
 from __future__ import annotations
@@ -163,18 +169,12 @@ def priced_geometry(geometry: Geometry, precision: Precision) -> Geometry:
 
 @torch.no_grad()
 def quantize_model(model, precision: Precision) -> None:
-    """Replace the target's weights by their quantized values, in place, before an engine is built on it: the
-    routed experts per expert slice (``gate_up_proj`` [E, 2I, H], ``down_proj`` [E, H, I], groups along the input
-    dimension) and, with ``dense_bits`` < 16, every dense ``nn.Linear`` (routers and embeddings stay 16-bit)."""
+    """Replace the target's dense weights by their quantized values, in place, before an engine is built on it: with
+    ``dense_bits`` < 16, every dense ``nn.Linear`` (routers and embeddings stay 16-bit). The routed experts are not
+    touched here: the engine built with ``precision`` packs them into its store as it takes each layer over
+    (:class:`~specterbench.engine.store.ExpertStore`)."""
     from specterbench.engine.seam import find_moe_blocks, router_of
 
-    spec = precision.expert_spec
-    if spec is not None:
-        for block in find_moe_blocks(model):
-            for name in ("gate_up_proj", "down_proj"):
-                fused = getattr(block.experts, name)  # [E, out, in]
-                for e in range(fused.shape[0]):
-                    fused.data[e] = roundtrip(fused.data[e].float(), spec).to(fused.dtype)
     dense = precision.dense_spec
     if dense is not None:
         routers = {id(m) for block in find_moe_blocks(model) for m in router_of(block).modules()}

@@ -12,6 +12,7 @@ from typing import Collection
 import torch
 
 from specterbench.engine.cache import Candidates, ExpertKey, PrefetchResult, Slot
+from specterbench.engine.store import expert_tensors
 from specterbench.errors import EngineViolation
 
 
@@ -25,7 +26,7 @@ def slot_copy(dst, src, reuse_after=None):
         if reuse_after is not None:  # pragma: no cover - needs CUDA (tests/test_clock_cuda_fake.py fakes it)
             stream = torch.cuda.current_stream(dst[0].device)
             stream.wait_event(reuse_after)
-        for d, w in zip(dst, src):
+        for d, w in zip(dst, src):  # the expert's tensors: two weights, or each packed weight's codes and metadata
             d.copy_(w, non_blocking=True)
         if reuse_after is not None:  # pragma: no cover - needs CUDA
             for d in dst:
@@ -168,12 +169,12 @@ class CacheControl:
         if not pool.free:  # the cache's capacity grew past the pool (or a strategy changed it behind our back)
             pool.grow(max(pool.slots + 1, self.cache.capacity_bytes // self.expert_bytes))
         slot.index = pool.take(key, slot)
-        slot.weights = pool.weights(slot.index)  # views of the pool's rows: (gate_up [2I, H], down [H, I])
+        slot.weights = pool.weights(slot.index)  # views of the pool's rows: (gate_up [2I, H], down [H, I]) or packed
 
         def copy(i=slot.index):  # run by the clock when the copy starts (measured) or at once (modeled)
             # the pool's rows now (a grown pool re-points them), after the slot's previous readers on the compute
             # stream are done (the event recorded when it was freed)
-            slot_copy(slot.weights, src, pool.reuse_event(i))()
+            slot_copy(expert_tensors(slot.weights), expert_tensors(src), pool.reuse_event(i))()
 
         try:
             self.cache.insert(slot)

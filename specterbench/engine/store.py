@@ -15,6 +15,14 @@ old store was built while every original fused tensor was still alive).
 
 ``device_expert_bytes`` is what one expert really occupies on the device once copied there in the compute
 dtype: the bytes a cache slot must be charged (an fp32 model's slots are twice its bf16 store's).
+
+A quantized target (``spec``: ``--expert-bits`` < 16) is stored **packed**: each layer's experts are quantized from
+the model's own values as the layer is taken over (:class:`~specterbench.engine.packing.PackedWeight`: packed codes
+plus per-group scale and zero, what :meth:`~specterbench.engine.precision.Precision.expert_bytes` bills), stacked
+per layer (``[E, ...]`` per tensor; pinned for CUDA) and the layer's 16-bit tensors freed before the next layer is
+touched. An expert is then a pair of :class:`PackedWeight` over its rows of the stacks; copying its
+:meth:`~specterbench.engine.packing.PackedWeight.parts` copies it, and its values exist only where it is computed
+(dequantized into a reused scratch: :func:`specterbench.engine.moe_layer.expert_forward`).
 """
 
 from __future__ import annotations
@@ -90,6 +98,14 @@ def pin_layer(fused: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch
     return out, registered, copied
 
 
+def expert_tensors(weights) -> tuple[torch.Tensor, ...]:
+    """The tensors of one expert's ``(gate_up, down)``: the two tensors, or each packed weight's parts."""
+    out = []
+    for w in weights:
+        out.extend((w,) if isinstance(w, torch.Tensor) else w.parts())
+    return tuple(out)
+
+
 class ExpertStore:
     """Host copies of every routed expert as per-expert tensors (pinned for CUDA), built layer by layer.
 
@@ -100,8 +116,9 @@ class ExpertStore:
     """
 
     def __init__(self, blocks: list[nn.Module], dtype: torch.dtype, pin: bool,
-                 device_dtype: torch.dtype | None = None):
+                 device_dtype: torch.dtype | None = None, spec=None):
         self.dtype = dtype
+        self.spec = spec  # a QuantSpec: the experts are stored packed (None: 16-bit tensors)
         self.num_layers = len(blocks)
         self.num_experts = blocks[0].experts.gate_up_proj.shape[0]
         self.weights: dict[ExpertKey, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -113,10 +130,17 @@ class ExpertStore:
             fused, copied = [], False
             for name in ("gate_up_proj", "down_proj"):
                 t = getattr(experts, name).detach()
-                if t.device.type != "cpu" or t.dtype != dtype:
+                if spec is not None:  # quantized from the model's own values, not from a 16-bit copy of them
+                    t, copied = t.to("cpu"), True
+                elif t.device.type != "cpu" or t.dtype != dtype:
                     t, copied = t.to("cpu", dtype), True
                 fused.append(t)
                 setattr(experts, name, None)  # the module lets go: the store holds the only reference
+            if spec is not None:
+                self._pack_layer(layer, list(fused[0]), list(fused[1]))
+                self.copied_layers += 1
+                del fused
+                continue
             if pin:
                 fused, new, n_copied = pin_layer(fused)
                 registered.extend(new)
@@ -129,22 +153,74 @@ class ExpertStore:
         self.registered_bytes = sum(_nbytes(t) for t in registered)
         if registered:
             weakref.finalize(self, _unregister, registered)
+        self.device_dtype = device_dtype or dtype
+        self._measure()
+
+    def _measure(self) -> None:
         gu, dn = self.weights[(0, 0)]
+        self.shapes = (tuple(gu.shape), tuple(dn.shape))  # [2I, H], [H, I]
+        if self.spec is not None:  # packed: the device holds (and a copy moves) exactly the stored tensors
+            self.expert_bytes = self.device_expert_bytes = sum(_nbytes(t) for t in self.tensors((0, 0)))
+            return
         self.expert_bytes = _nbytes(gu) + _nbytes(dn)
-        itemsize = torch.empty((), dtype=device_dtype or dtype).element_size()
+        itemsize = torch.empty((), dtype=self.device_dtype).element_size()
         self.device_expert_bytes = (gu.numel() + dn.numel()) * itemsize
 
-    def bill_stored_bytes(self, nbytes: int) -> None:
-        """A quantized target: one expert is stored (and copied, and held in a cache slot) as ``nbytes`` of packed
-        codes and group metadata (:mod:`specterbench.engine.precision`), whatever dtype its values are kept in."""
-        self.expert_bytes = self.device_expert_bytes = int(nbytes)
+    def _pack_layer(self, layer: int, gate_ups: list[torch.Tensor], downs: list[torch.Tensor]) -> None:
+        """Quantize one layer's experts with :attr:`spec` and keep them as rows of per-layer stacks of their packed
+        tensors (pinned for CUDA); ``gate_ups``/``downs``: each expert's weight, any float dtype."""
+        from specterbench.engine.packing import PackedWeight
+
+        stacks, templates = [], []
+        for weights in (gate_ups, downs):
+            packed = [PackedWeight(w.float(), self.spec, torch.float32, kernels=False) for w in weights]
+            parts = [torch.stack(ts) for ts in zip(*(p.parts() for p in packed))]  # each [E, ...]
+            templates.append(packed[0])  # its layout (its own tensors go when this layer is done)
+            del packed
+            if self.pinned:  # pragma: no cover - needs CUDA
+                parts = [_copy_to_pinned(t) for t in parts]
+            stacks.append(parts)
+        for e in range(len(gate_ups)):
+            self.weights[(layer, e)] = tuple(t.over([p[e] for p in parts]) for t, parts in zip(templates, stacks))
+
+    def pack(self, spec) -> None:
+        """Store every expert packed with ``spec`` from the 16-bit tensors held now, a layer at a time (each layer's
+        16-bit tensors are freed before the next is packed). A store already packed with ``spec`` is left alone;
+        a store whose memory was page-locked in place cannot be repacked (build it with the spec instead)."""
+        if spec == self.spec:
+            return
+        if self.spec is not None or self.registered_bytes:
+            raise ValueError("this expert store cannot be repacked: build the engine with the target's precision")
+        self.spec = spec
+        for layer in range(self.num_layers):
+            pairs = [self.weights[(layer, e)] for e in range(self.num_experts)]
+            self._pack_layer(layer, [gu for gu, _ in pairs], [dn for _, dn in pairs])
+            del pairs
+        self._measure()
+
+    @property
+    def packed(self) -> bool:
+        return self.spec is not None
+
+    def tensors(self, key: ExpertKey) -> tuple[torch.Tensor, ...]:
+        """Every tensor that holds expert ``key``: a copy of these is a copy of the expert (16-bit: its two weights;
+        packed: each weight's codes and group metadata)."""
+        return expert_tensors(self.weights[key])
+
+    def values(self, key: ExpertKey, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ``key``'s weights as dense tensors of ``dtype`` (default the store's; new tensors when packed: the
+        values a quantized target computes with, e.g. for a draft to quantize)."""
+        dtype = dtype or self.dtype
+        if self.spec is None:
+            return tuple(w.to(dtype) for w in self.weights[key])
+        return tuple(w.dequantize(dtype) for w in self.weights[key])
 
     @property
     def total_params(self) -> int:
         """Weights of every routed expert (a quantized copy's bytes over ``2 * total_params`` is its ratio over
         16-bit, the cost model's unit whatever the target's precision)."""
-        gu, dn = self.weights[(0, 0)]
-        return (gu.numel() + dn.numel()) * len(self.weights)
+        (a, b), (c, d) = self.shapes
+        return (a * b + c * d) * len(self.weights)
 
     @property
     def total_bytes(self) -> int:
