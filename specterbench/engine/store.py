@@ -106,6 +106,7 @@ class ExpertStore:
         self.num_experts = blocks[0].experts.gate_up_proj.shape[0]
         self.weights: dict[ExpertKey, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pinned = pin
+        self._pageable: dict[ExpertKey, tuple[torch.Tensor, ...]] = {}  # pageable copies of a pinned store's experts
         self.copied_layers = 0  # layers that needed a copy (dtype conversion or pinned copy)
         registered: list[torch.Tensor] = []
         for layer, block in enumerate(blocks):
@@ -133,6 +134,17 @@ class ExpertStore:
         self.expert_bytes = _nbytes(gu) + _nbytes(dn)
         itemsize = torch.empty((), dtype=device_dtype or dtype).element_size()
         self.device_expert_bytes = (gu.numel() + dn.numel()) * itemsize
+
+    def pageable(self, key: ExpertKey) -> tuple[torch.Tensor, torch.Tensor]:
+        """``key``'s weights in pageable (ordinary, unpinned) host memory, the source of a synchronous pageable copy
+        (``on-demand.pageable``: what accelerate's offload hooks copy from). Unpinned stores hand out their own
+        tensors; a pinned store makes a pageable copy of an expert the first time it is asked (host memory grows by
+        the experts copied that way)."""
+        if not self.pinned:
+            return self.weights[key]
+        if key not in self._pageable:
+            self._pageable[key] = tuple(torch.empty(w.shape, dtype=w.dtype).copy_(w) for w in self.weights[key])
+        return self._pageable[key]
 
     def bill_stored_bytes(self, nbytes: int) -> None:
         """A quantized target: one expert is stored (and copied, and held in a cache slot) as ``nbytes`` of packed
