@@ -1,12 +1,51 @@
 from specterbench import Strategy
+from specterbench.errors import UsageError
+
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+def _flag(value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE + FALSE:
+        return text in TRUE
+    raise UsageError(f"on-demand option pageable={value!r} is invalid: use true or false")
 
 
 class OnDemand(Strategy):
-    """Fetch every routed expert when its layer runs and keep nothing once the layer is done."""
+    """Fetch every routed expert when its layer runs and keep nothing once the layer is done.
+
+    ``pageable=true``: copy the way HF Transformers / accelerate offloading does — each expert from pageable
+    (unpinned) host memory, synchronously on the compute stream (``tensor.to(device)``), priced at the profile's
+    ``pageable_link_bytes_per_s`` — instead of queued copies from pinned memory on the copy stream.
+    """
 
     name = "on-demand"
     version = "1"
-    description = "fetch each needed expert on demand, keep nothing"
+    description = "fetch each needed expert on demand, keep nothing (pageable=true: accelerate's synchronous copies)"
+
+    @classmethod
+    def option_names(cls):
+        return ("pageable",)
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        _flag(options.get("pageable", False))
+
+    @classmethod
+    def check_profile(cls, profile, options: dict) -> None:
+        if _flag(options.get("pageable", False)):
+            profile.pageable_bytes_per_s()
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.pageable = _flag(options.get("pageable", False))
+
+    def attach(self, engine):
+        super().attach(engine)
+        if self.pageable:
+            engine.use_pageable_copies()
 
     def after_layer(self, layer, experts):
         engine = self.engine

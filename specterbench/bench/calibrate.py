@@ -225,7 +225,7 @@ def write_profile_file(cal: Calibration, path) -> Path:
     for table, data in (("profile", asdict(cal.profile)), ("host_profile", asdict(cal.host)),
                         ("measured", cal.measured)):
         lines.append(f"[{table}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in data.items()]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if v is not None]  # None: not stated
         lines.append("")
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

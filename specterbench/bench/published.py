@@ -177,6 +177,7 @@ def load_record(host, path: Path | str = RECORD) -> list[Measurement]:
                 cls = host.strategies().get(m.strategy)
                 if hasattr(cls, "validate_options"):
                     cls.validate_options(dict(m.options))
+                cls.check_profile(host.profiles().get(m.profile), dict(m.options))
                 _check_budget(m, host)
         except UsageError as err:
             raise UsageError(f"{where}: {err}") from None
@@ -409,7 +410,8 @@ def render(outcomes: list[Outcome]) -> str:
              "modeled | ratio | status |", "|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         m = o.measurement
-        who = m.system if m.strategy is None else f"{m.system} → `{m.strategy}`"
+        opts = "".join(f" {k}={json.dumps(v)}" for k, v in m.options.items())
+        who = m.system if m.strategy is None else f"{m.system} → `{m.strategy}{opts}`"
         model = (f"{m.model} ({m.precision.label()})" if m.standin is None else
                  f"{m.model} ({m.standin} @ {m.geometry}, {m.precision.label()})")
         prof = m.profile + (f" + {m.host_profile}" if m.host_profile and m.kind != "hit_rate" else "")

@@ -90,6 +90,10 @@ class BenchConfig:
         check_device(self.device)
         host.profiles().entry(self.profile)
         host.host_profiles().entry(self.host_profile)
+        if self.clock == "modeled":  # a figure the strategy's options are priced with and the profile lacks
+            profile = host.profiles().get(self.profile)
+            for name in self.strategies:
+                host.strategies().get(name).check_profile(profile, dict(self.strategy_options.get(name, {})))
         if self.geometry not in (None, "own", "auto"):
             if self.clock != "modeled":
                 raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "

@@ -71,6 +71,12 @@ class Clock(Protocol):
         """Queue a copy of ``nbytes`` (``copy`` enqueues the real copy; a measured clock calls it when the copy
         starts on the link). Higher ``priority`` starts first; :data:`DEMAND_PRIORITY` before every prefetch."""
 
+    def copy_sync(self, key, nbytes: int, copy: Callable[[], None] | None = None) -> Transfer:
+        """A synchronous copy from pageable host memory on the compute stream (``tensor.to(device)`` from unpinned
+        memory, as accelerate's offload hooks copy): it starts when the compute stream reaches it and the link is
+        free, runs ``copy``, and the compute stream waits until it has landed (a stall). Priced at the profile's
+        ``pageable_link_bytes_per_s``."""
+
     def started(self, t: Transfer) -> bool:
         """Whether ``t`` holds (or has held) the link: it can no longer be cancelled."""
 
@@ -208,6 +214,24 @@ class ModeledClock(_Backlog):
         self._advance_link()  # on an idle link this copy starts at once
         if copy is not None:
             copy()
+        return t
+
+    def copy_sync(self, key, nbytes: int, copy=None) -> Transfer:
+        seconds = self.costs.pageable_copy_seconds(nbytes)  # a profile without the field: one line, before anything
+        self._seq += 1
+        self._advance_link()  # copies started before now keep the link
+        start = max(self.now_s, self.link_free_s)
+        t = Transfer(key, nbytes, DEMAND_PRIORITY, self.now_s, self._seq, start, start + seconds, state="landed")
+        self.link_free_s = t.end_s
+        self._link_log.append((start, t.end_s))
+        self.totals.link_busy_s += seconds
+        self.totals.link_bytes += nbytes
+        self._steps += 1
+        if copy is not None:
+            copy()
+        self._stall_until(t.end_s)  # serial with compute: nothing runs on the compute stream until it lands
+        self._landed.append(t)
+        self._prune_link_log()
         return t
 
     def _next_start(self) -> float | None:

@@ -13,6 +13,8 @@ with ``specterbench calibrate``) and the link bandwidth from the copies timed so
 call                                   meaning
 =====================================  ===========================================================================
 ``copy_s()``                           one expert copy host→device on an idle link (latency + bytes / bandwidth)
+``pageable_copy_s()``                  one synchronous expert copy from pageable host memory (latency + bytes /
+                                       the profile's ``pageable_link_bytes_per_s``); the compute stream waits
 ``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device, alone (``bytes_ratio`` < 1: quantized,
                                        run by ``kernel=`` (:mod:`~specterbench.engine.lowbit`), else the
                                        uniform kernel of that many bits per weight)
@@ -46,7 +48,8 @@ Launches: every op's launch count comes from the engine's description of the ker
 Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device op costs ``launches · launch_us +
 max(flops / flops_per_s, bytes / (mem_bytes_per_s · efficiency), dequant ops / alu_ops_per_s)``, where a low-bit
 kernel's efficiency and dequantization instructions per weight come from :mod:`specterbench.engine.lowbit` (16-bit:
-1 and 0); a copy ``link_latency_us + bytes / link_bytes_per_s``; a host
+1 and 0); a copy ``link_latency_us + bytes / link_bytes_per_s`` (a synchronous copy from pageable memory: ``bytes /
+pageable_link_bytes_per_s``, serial with compute); a host
 expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes / DRAM share)``
 plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``), where the DRAM share
 is ``host.mem_bytes_per_s`` while the link is idle and ``host.mem_bytes_per_s - link_bytes_per_s`` while it copies
@@ -237,6 +240,12 @@ class CostModel:
     def copy_seconds(self, nbytes: int) -> float:
         return self.profile.link_latency_us * 1e-6 + nbytes / self.profile.link_bytes_per_s
 
+    def pageable_copy_seconds(self, nbytes: int) -> float:
+        """A synchronous copy from pageable host memory (``tensor.to(device)`` from unpinned memory): latency plus
+        bytes at the profile's ``pageable_link_bytes_per_s`` (a one-line UsageError when the profile lacks it).
+        The compute stream waits for the whole of it (:meth:`~specterbench.engine.clocks.Clock.copy_sync`)."""
+        return self.profile.link_latency_us * 1e-6 + nbytes / self.profile.pageable_bytes_per_s()
+
     def hop_seconds(self, act_bytes: float) -> float:
         """Activations of a host expert crossing the link one way (small, full duplex: they do not queue)."""
         return self.profile.link_latency_us * 1e-6 + act_bytes / self.profile.link_bytes_per_s
@@ -325,6 +334,9 @@ class CostEstimates:
 
     def copy_s(self) -> float:
         return self.model.copy_seconds(self.model.expert_copy_bytes)
+
+    def pageable_copy_s(self) -> float:
+        return self.model.pageable_copy_seconds(self.model.expert_copy_bytes)
 
     def expert_s(self, n_tokens: int, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> float:
         return self.model.op_seconds(*self.model.expert(n_tokens, bytes_ratio, kernel))

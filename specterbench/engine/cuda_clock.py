@@ -117,6 +117,32 @@ class CudaClock(_Backlog):  # pragma: no cover - needs CUDA (tests/test_clock_cu
         self._pump()
         return t
 
+    def copy_sync(self, key, nbytes: int, copy=None) -> Transfer:
+        """``copy`` (a blocking ``copy_`` from pageable host memory) runs on the compute stream, between two timing
+        events: the driver stages it through a pinned bounce buffer and PyTorch synchronizes the stream after a
+        blocking copy, so the host and the compute stream wait for it; its event time is the link's and a stall."""
+        torch = self.torch
+        self._pump()
+        self._seq += 1
+        t = Transfer(key, nbytes, DEMAND_PRIORITY, time.perf_counter(), self._seq, copy=copy)
+        cur = torch.cuda.current_stream(self.device)
+        t.start_event = torch.cuda.Event(enable_timing=True)
+        t.start_event.record(cur)
+        t.start_s = time.perf_counter()
+        if copy is not None:
+            copy()
+        t.event = torch.cuda.Event(enable_timing=True)
+        t.event.record(cur)
+        t.event.synchronize()
+        t.end_s, t.state = time.perf_counter(), "landed"
+        seconds = t.start_event.elapsed_time(t.event) / 1e3
+        self.totals.link_busy_s += seconds
+        self.totals.link_bytes += nbytes
+        self._waits.append((t.start_event, t.event))  # the compute stream held by the copy: a stall
+        self.totals.stalls += 1
+        self._landed.append(t)
+        return t
+
     def started(self, t: Transfer) -> bool:
         self._pump()
         return t.start_s is not None

@@ -289,8 +289,18 @@ class Engine(CacheControl):
         self.stats = EngineStats()
         self.warming_up = False
         self._host_threads = None
+        self.pageable_copies = False  # a strategy may ask for accelerate's copy path (use_pageable_copies)
         self._wants_landed = type(strategy).on_copy_landed is not Strategy.on_copy_landed
         strategy.attach(self)
+
+    def use_pageable_copies(self) -> None:
+        """From now on in this cell every expert copy is a synchronous copy from pageable host memory on the
+        compute stream — ``tensor.to(device)`` from unpinned memory, what accelerate's offload hooks do — instead of
+        a queued copy from pinned memory on the copy stream (:meth:`Clock.copy_sync`; priced at the profile's
+        ``pageable_link_bytes_per_s``: a modeled clock whose profile lacks it refuses in one line)."""
+        if self.clock.kind == "modeled":
+            self.clock.costs.profile.pageable_bytes_per_s()
+        self.pageable_copies = True
 
     def end_cell(self) -> None:
         """The cell is over: every quantized copy (draft experts, dense copy, their scratch) is freed, the cache

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from specterbench.engine.clocks import ClockTotals, HostJob, _Backlog
 from specterbench.engine.costs import CostModel, HostOp
-from specterbench.engine.scheduler import CopyScheduler, Transfer
+from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler, Transfer
 
 
 class HostWallClock(_Backlog):
@@ -40,6 +40,10 @@ class HostWallClock(_Backlog):
         self.totals.link_bytes += nbytes
         self._landed.append(t)
         return t
+
+    def copy_sync(self, key, nbytes: int, copy=None) -> Transfer:
+        """Every copy here is a synchronous host copy already: the pageable one is timed the same way."""
+        return self.issue(key, nbytes, DEMAND_PRIORITY, copy)
 
     def started(self, t: Transfer) -> bool:
         return True

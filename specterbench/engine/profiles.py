@@ -3,7 +3,10 @@
 A profile prices an accelerator (compute stream) and its host link (copy stream). The modeled clock charges
 each operation ``launch_us + max(flops / flops_per_s, bytes / mem_bytes_per_s)`` on the compute stream and
 each expert copy ``link_latency_us + bytes / link_bytes_per_s`` on the copy stream. Kernels the engine replays from a
-captured CUDA graph (``--cuda-graphs``, :mod:`specterbench.engine.graphs`) cost ``graph_node_us`` each instead.
+captured CUDA graph (``--cuda-graphs``, :mod:`specterbench.engine.graphs`) cost ``graph_node_us`` each instead. A
+synchronous copy from pageable (unpinned) host memory — what ``tensor.to(device)`` does, and so accelerate's offload
+hooks; ``--set on-demand.pageable=true`` — costs ``link_latency_us + bytes / pageable_link_bytes_per_s`` and holds
+the compute stream for its whole length; a profile without that field refuses the option (nothing is derived).
 """
 
 from __future__ import annotations
@@ -42,11 +45,28 @@ class HardwareProfile:
     # one kernel replayed from a captured CUDA graph (the replay itself costs one launch_us); the default is
     # :data:`GRAPH_NODE_SOURCE`'s figure, rounded up
     graph_node_us: float = 1.0
+    # measured host->device bandwidth of a copy from pageable (unpinned) host memory (CUDA samples bandwidthTest
+    # --memory=pageable): the driver stages it through a pinned bounce buffer, synchronously. None: not stated (a
+    # pageable copy path is then refused with one line; nothing is derived from the pinned figure)
+    pageable_link_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         # alu_ops_per_s may be 0 (not stated: priced at flops_per_s / 16)
         _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us", "alu_ops_per_s",
                                                     "graph_node_us"))
+        v = self.pageable_link_bytes_per_s
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v <= 0):
+            raise UsageError(f"profile {self.name!r}: field pageable_link_bytes_per_s must be a finite number > 0 "
+                             f"(bytes/s, bandwidthTest --memory=pageable), got {v!r}; or leave it out")
+
+    def pageable_bytes_per_s(self) -> float:
+        """The pageable copy bandwidth, or a one-line UsageError when this profile does not state it."""
+        if self.pageable_link_bytes_per_s is None:
+            raise UsageError(f"profile {self.name!r} has no pageable_link_bytes_per_s, which a pageable copy path "
+                             f"(on-demand.pageable=true) is priced with; add it to the profile file (measure it "
+                             f"with CUDA samples bandwidthTest --memory=pageable) or drop the option")
+        return self.pageable_link_bytes_per_s
 
     @classmethod
     def from_dict(cls, data: dict) -> "HardwareProfile":

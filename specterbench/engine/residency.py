@@ -37,7 +37,8 @@ def slot_copy(dst, src, reuse_after=None):
 
 class CacheControl:
     """Mixed into the engine: needs ``cache``, ``pool`` (:class:`~specterbench.engine.pool.SlotPool`), ``clock``,
-    ``store``, ``strategy``, ``stats``, ``device``, ``expert_bytes`` and ``priced_expert_bytes``."""
+    ``store``, ``strategy``, ``stats``, ``device``, ``expert_bytes``, ``priced_expert_bytes`` and
+    ``pageable_copies``."""
 
     def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
         """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
@@ -163,7 +164,8 @@ class CacheControl:
     def _fetch(self, key: ExpertKey, priority: float, *, prefetched: bool, protect, force=False) -> Slot | None:
         if not self.make_room(self.expert_bytes, protect=protect, needed=key, force=force):
             return None
-        src = self.store.weights[key]
+        pageable = self.pageable_copies
+        src = self.store.pageable(key) if pageable else self.store.weights[key]
         pool = self.pool
         slot = Slot(key, self.expert_bytes, None, None, prefetched)
         if not pool.free:  # the cache's capacity grew past the pool (or a strategy changed it behind our back)
@@ -176,12 +178,19 @@ class CacheControl:
             # stream are done (the event recorded when it was freed)
             slot_copy(expert_tensors(slot.weights), expert_tensors(src), pool.reuse_event(i))()
 
+        def copy_pageable():  # on the compute stream, which has passed every read of the slot: blocking copies
+            for d, w in zip(expert_tensors(slot.weights), expert_tensors(src)):  # 16-bit weights or packed parts
+                d.copy_(w)
+
         try:
             self.cache.insert(slot)
         except Exception:
             pool.release(key, slot.index)
             raise
-        slot.transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
+        if pageable:  # accelerate's path: tensor by tensor, synchronous, the compute stream waits
+            slot.transfer = self.clock.copy_sync(key, self.priced_expert_bytes, copy_pageable)
+        else:
+            slot.transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
         moved = self.store.expert_bytes  # the link ledger: what crosses the link (the cache charges expert_bytes)
         self.stats.h2d_bytes += moved
         if prefetched:

@@ -123,6 +123,7 @@ class ExpertStore:
         self.num_experts = blocks[0].experts.gate_up_proj.shape[0]
         self.weights: dict[ExpertKey, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pinned = pin
+        self._pageable: dict[ExpertKey, tuple[torch.Tensor, ...]] = {}  # pageable copies of a pinned store's experts
         self.copied_layers = 0  # layers that needed a copy (dtype conversion or pinned copy)
         registered: list[torch.Tensor] = []
         for layer, block in enumerate(blocks):
@@ -214,6 +215,17 @@ class ExpertStore:
         if self.spec is None:
             return tuple(w.to(dtype) for w in self.weights[key])
         return tuple(w.dequantize(dtype) for w in self.weights[key])
+
+    def pageable(self, key: ExpertKey) -> tuple:
+        """``key``'s weights in pageable (ordinary, unpinned) host memory, the source of a synchronous pageable copy
+        (``on-demand.pageable``: what accelerate's offload hooks copy from). Unpinned stores hand out their own
+        tensors; a pinned store makes a pageable copy of an expert the first time it is asked (host memory grows by
+        the experts copied that way)."""
+        if not self.pinned:
+            return self.weights[key]
+        if key not in self._pageable:
+            self._pageable[key] = tuple(torch.empty(t.shape, dtype=t.dtype).copy_(t) for t in self.tensors(key))
+        return self._pageable[key]
 
     @property
     def total_params(self) -> int:

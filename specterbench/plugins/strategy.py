@@ -65,6 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from specterbench.engine.engine import Engine
+    from specterbench.engine.profiles import HardwareProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,12 @@ class Strategy:
         """Refuse a budget this strategy cannot run at before the run starts: raise
         :class:`~specterbench.errors.BudgetError` with one line naming the smallest budget that works. The default
         accepts every budget (``configure`` still refuses one below :meth:`min_cache_bytes`)."""
+
+    @classmethod
+    def check_profile(cls, profile: "HardwareProfile", options: dict) -> None:
+        """Refuse a hardware profile the modeled clock cannot price this strategy on (with these options) before
+        the run starts: raise :class:`UsageError` with one line naming the missing figure. The default accepts
+        every profile."""
 
     # ---- setup -------------------------------------------------------------------------------------
     def device_bytes(self, engine: "Engine") -> int:
