@@ -19,9 +19,13 @@ Computing ``x @ W.T`` (:meth:`PackedWeight.linear`) takes the low-bit kernel tha
   built once when the weight is packed and stored in the compute dtype in place of the fp16 scale and 4-bit zero
   (two values per group in the compute dtype, what :meth:`QuantSpec.weight_bytes` bills for this kernel) — one
   launch per call, no scratch;
-- ``sym`` int8: torch's int8 weight-only matmul (``aten._weight_int8pack_mm``: a CPU kernel for fp32/bf16/fp16
-  activations; CUDA and MPS implementations exist in recent torch) on the int8 codes and the per-channel scales,
-  stored in the compute dtype as the op takes them — one launch per call, no scratch;
+- ``sym`` int8: torch's int8 weight-only matmul (``aten._weight_int8pack_mm``) on the int8 codes and the per-channel
+  scales, stored in the compute dtype as the op takes them — one launch per call, no scratch. torch 2.13's CPU build
+  registers it for CPU (fp32, bf16, fp16 activations; checked by :func:`int8_kernel_works`); torch's source also has
+  MPS and CUDA implementations (``aten/src/ATen/native/cuda/int8mm.cu``: one thread per output element, activations
+  and scales converted to fp32 around it) — the modeled clock prices the layout at gpt-fast's int8 weight-only
+  figure (:data:`~specterbench.engine.lowbit.INT8`, the same codes and per-channel scales), which that simple CUDA
+  kernel is not known to reach; a measured CUDA run says what it does;
 - bitsandbytes 4-bit on CUDA: ``bnb.matmul_4bit`` (gemv on packed nibbles);
 - everything else: the weight is dequantized, a block of rows at a time, into the caller's reused scratch buffer and
   multiplied there — no allocation per call that outlives it.
