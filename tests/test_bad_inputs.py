@@ -105,6 +105,8 @@ def rows_of(run_dir: Path) -> list[dict]:
     (["--strategies", "specter", "--set", "specter.k=abc"], "specter.k=abc"),
     (["--strategies", "specter", "--set", "specter.k=99"], "specter.k=99"),
     (["--strategies", "specter", "--set", "specter.dense_bits=5"], "dense_bits=5 is invalid: use one of 16, 8, 4, 3"),
+    (["--strategies", "specter", "--set", "specter.dense_quantizer=nf4"],
+     "dense_quantizer=nf4 is invalid at dense_bits=8: use sym or int"),
     (["--decode", "beam"], "beam"),
     (["--decode", "sample", "--temperature", "0"], "temperature"),
     (["--decode", "sample", "--temperature", "6"], "temperature"),

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specterbench.engine.draft import (QuantizedDense, QuantizedExperts, QuantSpec, dense_spec, drafts_allocated_bytes,
-                                      live_drafts, quantized_bytes, roundtrip, shared_dense, shared_quantized)
+                                      live_drafts, pack, quantized_bytes, roundtrip, shared_dense, shared_quantized)
 from specterbench.engine.engine import Engine
 from specterbench.engine import packing
 from specterbench.engine.models import tiny_random
@@ -119,6 +119,77 @@ def test_the_int4_draft_runs_torchs_int4_kernel_where_the_shapes_allow():
     assert torch.equal(p.dequantize(), roundtrip(w, p.spec))
 
 
+def test_the_int8_dense_format_runs_torchs_int8_kernel_from_its_codes_and_channel_scales():
+    from specterbench.engine import packing
+
+    if not packing.int8_kernel_works("cpu", torch.float32):
+        pytest.skip("this torch has no CPU int8 weight-only matmul")
+    w = torch.randn(48, 96)
+    spec = dense_spec(8)
+    assert spec.quantizer == "sym" and spec.label() == "int8/channel"
+    p = packing.PackedWeight(w, spec, torch.float32)
+    assert p.kernel == "int8mm" and p.scratch_elems() == 0
+    assert p.codes.dtype == torch.int8 and p.codes.shape == (48, 96) and p.scale.shape == (48,)  # what the op takes
+    assert p.nbytes() == spec.weight_bytes((48, 96), "int8mm", 4) == 48 * 96 + 48 * 4  # codes + one scale per row
+    x = torch.randn(3, 96)
+    assert torch.allclose(p.linear(x), x @ roundtrip(w, spec).t(), atol=1e-4)
+    assert torch.equal(p.dequantize(), roundtrip(w, spec))
+    assert (roundtrip(w, spec) - w).abs().max() <= w.abs().amax(-1, keepdim=True).max() / 127  # symmetric rounding
+    with torch.inference_mode():
+        from specterbench.engine.kernels import LaunchCounter
+
+        with LaunchCounter() as counter:
+            p.linear(x)
+    assert counter.total == 1  # one launch per weight, no dequantization
+
+
+def test_the_earlier_int8_g64_dense_copy_stays_reachable_and_dequantizes():
+    spec = dense_spec(8, quantizer="int")
+    assert spec.label() == "int8/g64"
+    p = pack(torch.randn(16, 128), spec)
+    assert p.kernel == "dequant" and p.scratch_elems() == 16 * 128
+    with pytest.raises(UsageError, match="dense_quantizer=sym is invalid at dense_bits=4: use int") as err:
+        dense_spec(4, quantizer="sym")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
+def test_the_int8_dense_copy_is_priced_as_the_int8_kernel_reading_its_stored_bytes(family):
+    from specterbench.engine import packing
+    from specterbench.engine.kernels import LaunchCounter
+    from specterbench.engine.lowbit import INT8
+
+    if not packing.int8_kernel_works("cpu", torch.float32):
+        pytest.skip("this torch has no CPU int8 weight-only matmul")
+    from specterbench.engine.clocks import ModeledClock
+    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+    from specterbench.plugins.strategy import Strategy
+
+    engine = _engine(family)
+    engine.configure(Strategy(), engine.total_expert_bytes,
+                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+    copy = QuantizedDense(engine, dense_spec(8))
+    assert copy.kernels == ["int8mm"] and copy.kernel is INT8  # gpt-fast's int8 weight-only figure
+    weights = sum(p.shape[0] * p.shape[1] for p in copy.packed)
+    rows = sum(p.shape[0] for p in copy.packed)
+    assert copy.bytes_ratio == pytest.approx((weights + 2 * rows) / (2 * weights))  # no scratch written or read
+    assert copy.scratch.numel() == 0 and copy.allocated_bytes() == copy.nbytes
+    counters = []
+    for dense in (None, copy, QuantizedDense(engine, dense_spec(8, quantizer="int"))):  # target, int8mm, int8/g64
+        kv = engine.new_kv_cache()
+        engine.forward(torch.tensor([[3, 1, 4]]), kv, dense=dense)
+        with LaunchCounter() as counter:  # one decode step
+            engine.forward(torch.tensor([[5]]), kv, dense=dense)
+        counters.append(counter)
+    target, int8, g64 = counters
+    replaced = target.ops["linear"] - int8.ops.get("linear", 0)
+    assert int8.ops["_weight_int8pack_mm"] == replaced > 0  # one kernel per linear it replaces
+    biased = sum(m.bias is not None for m in copy.modules)  # the op takes no bias: one add each
+    # the launches the dense layers are priced with (counted on the target's forward) cover the copy's own
+    assert int8.total <= target.total + biased
+    assert g64.total > target.total + replaced  # dequantizing issues several launches per weight
+
+
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_bits_pack_and_unpack_losslessly(bits):
     from specterbench.engine.packing import pack_bits, packed_bytes, unpack_bits
@@ -198,13 +269,22 @@ def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
     model, tok = tiny_random("mixtral")
     engine = Engine(model, name="mixtral", tokenizer=tok)
     engine.geometry = project(engine.own_geometry, "mixtral")
-    spec = dense_spec(8)
-    share = dense_params(engine.geometry) * spec.bits_per_weight() / 8 / engine.geometry.all_expert_bytes
+    g = engine.geometry
+    spec = dense_spec(8, quantizer="int")  # int8/g64: dequantized into a scratch
+    share = dense_params(g) * spec.bits_per_weight(cols=g.hidden) / 8 / g.all_expert_bytes
     packed = share * engine.total_expert_bytes
     charged = dense_quantized_bytes(engine, spec)
     assert packed < charged < 1.2 * packed  # the real model's share, plus its scratch scaled alike
     assert 0.003 < share < 0.03  # Mixtral: attention and head are ~3% of the 16-bit expert bytes
     assert dense_quantized_bytes(engine, None) == 0
+    from specterbench.engine import packing
+
+    if packing.int8_kernel_works("cpu", engine.compute_dtype):  # the int8 kernel's copy: codes and row scales only
+        kernel = dense_spec(8)
+        bits = kernel.bits_per_weight(kernel="int8mm", cols=g.hidden)
+        assert bits == pytest.approx(8 + 16 / g.hidden)
+        assert dense_quantized_bytes(engine, kernel) == round(dense_params(g) * bits / 8 / g.all_expert_bytes
+                                                              * engine.total_expert_bytes)
 
 
 def test_the_modeled_clock_prices_the_kernel_that_runs():

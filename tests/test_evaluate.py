@@ -72,7 +72,7 @@ def test_eval_prints_the_quality_table_with_reference_strategy_and_draft_rows(ev
     assert int3["info"]["draft_bits_per_weight"] < nf4["info"]["draft_bits_per_weight"] < 5
     assert int3["info"]["draft_device_bytes"] < nf4["info"]["draft_device_bytes"]
     whole = rows[("draft int3/g128+d8", "shakespeare_scramble")]  # Specter's default: its own int8 dense copy
-    assert whole["status"] == "ok" and "| draft (int3/g128 + dense int8/g64, alone)" in stdout
+    assert whole["status"] == "ok" and "| draft (int3/g128 + dense int8/channel, alone)" in stdout
     assert whole["info"]["draft_device_bytes"] > int3["info"]["draft_device_bytes"]
     assert (run_dir / "eval.md").read_text().count("| tiny-random-mixtral | reference ") == 2
 

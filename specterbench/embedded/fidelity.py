@@ -245,7 +245,8 @@ def _bisect_log(measure, target: float, max_scale: float, steps: int) -> float:
 def fit_calibration(model, tokenizer, seq_len: int, n_windows: int = FIT_WINDOWS, steps: int = 8,
                     log=print) -> Calibration:
     """Fit a model's draft-fidelity calibration on windows of the *training* works (never the held-out text the
-    report measures on, nor the benchmark prompts), the int4/g128 draft with Specter's int8/g64 dense copy:
+    report measures on, nor the benchmark prompts), the int4/g128 draft with Specter's 8-bit dense copy (int8 per
+    channel, the int8 kernel's format, since the int8 kernel; the calibrations fitted before it used int8/g64):
 
     1. the routed experts' error scale, bisected (log scale) to an exact expert-set agreement of
        :data:`FIT_EXACT_SET` (the output head does not move routing, so this comes first);
@@ -278,7 +279,7 @@ def fit_calibration(model, tokenizer, seq_len: int, n_windows: int = FIT_WINDOWS
     log(f"  experts ×{experts}: the routed-expert weights err {realized:.2f}× the plain int4/g128 RMS error")
     return Calibration(error_scale=experts, head_error_scale=head, realized_rms_error_ratio=round(realized, 3),
                        fitted_on=f"{windows.shape[0]} training-text windows × {windows.shape[1]} tokens, "
-                       f"teacher-forced", target=f"int4/g128 + dense int8/g64 draft: exact top-k expert set "
+                       f"teacher-forced", target=f"int4/g128 + dense {dense.label()} draft: exact top-k expert set "
                        f"{FIT_EXACT_SET} (MoE-SpeQ arXiv 2511.14102 Fig. 6), then greedy token agreement {FIT_GREEDY} "
                        f"(QuantSpec arXiv 2502.10424: 0.91–0.94)", measured=measured)
 

@@ -7,7 +7,9 @@
 - ``int``: the project's own asymmetric round-to-nearest per group along the input dimension, 2/3/4/8 bits, an
   fp16 scale and a ``bits``-bit zero point per group — at 4 bits and group 128 this is GPTQ INT4 g128's layout
   (4 + 20/128 ≈ 4.16 bits per weight), the artifact's draft;
-- ``hqq``: Half-Quadratic Quantization (the ``hqq`` package, optional), 2/3/4/8 bits, fp16 scale and zero per group.
+- ``hqq``: Half-Quadratic Quantization (the ``hqq`` package, optional), 2/3/4/8 bits, fp16 scale and zero per group;
+- ``sym``: symmetric int8 with one scale per output channel (no zero, no groups; ``blocksize`` unused) — the format
+  torch's int8 weight-only matmul takes (gpt-fast's int8 layout); the default of a draft's 8-bit dense copy.
 
 The copies hold exactly that on the device: packed codes plus per-group metadata (:mod:`specterbench.engine.packing`),
 computed with torch's int4 weight-only kernel or bitsandbytes' 4-bit gemv where the format has one, otherwise
@@ -35,14 +37,15 @@ from torch import nn
 
 from specterbench.engine import packing
 from specterbench.engine.geometry import PRICED_DTYPE_BYTES
-from specterbench.engine.lowbit import BF16, INT4_TORCH, kernel_for
+from specterbench.engine.lowbit import BF16, INT4_TORCH, INT8, kernel_for
 from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
 
-QUANTIZERS = ("bnb", "int", "hqq")
-SUPPORTED_BITS = {"bnb": (4, 8), "int": (2, 3, 4, 8), "hqq": (2, 3, 4, 8)}
+QUANTIZERS = ("bnb", "int", "hqq", "sym")
+SUPPORTED_BITS = {"bnb": (4, 8), "int": (2, 3, 4, 8), "hqq": (2, 3, 4, 8), "sym": (8,)}
 SUPPORTED_4BIT_TYPES = ("nf4", "fp4")
 DENSE_BITS = (16, 8, 4, 3)  # the draft's dense weights: 16 = shared with the target (no copy)
+DENSE_QUANTIZERS = ("sym", "int")  # a dense copy's formats: int8 per channel (the int8 kernel's), int per group
 BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)
 MAX_ERROR_SCALE = 1000.0  # the draft-fidelity calibration's largest scale on a quantization error
 
@@ -117,6 +120,8 @@ class QuantSpec:
     def label(self) -> str:
         if self.quantizer == "bnb":
             name = f"{self.quant_type if self.bits == 4 else 'int8'}/b{self.blocksize}"
+        elif self.quantizer == "sym":
+            name = "int8/channel"
         else:
             name = f"{self.quantizer}{self.bits}/g{self.blocksize}"
         return name + (f" calibrated ×{self.scale:g}" if self.scale != 1.0 else "")
@@ -125,10 +130,13 @@ class QuantSpec:
         """Device bytes of one weight of ``n`` values quantized with this spec (packed values + metadata); with
         ``cols`` (its input dimension) the groups are those :meth:`weight_bytes` stores. ``kernel="int4mm"``: the
         metadata as torch's int4 kernel keeps it (two values per group in the activations' dtype, ``table_itemsize``
-        bytes each: 16-bit on the GPU the clock prices)."""
+        bytes each: 16-bit on the GPU the clock prices); ``kernel="int8mm"``: the per-channel scales in that dtype.
+        ``sym`` without ``cols``: rows of ``blocksize`` values (an upper bound on its per-row scales)."""
         if cols is not None:
             return self.weight_bytes((n // cols, cols), kernel, table_itemsize)
         groups = -(-n // self.blocksize)
+        if self.quantizer == "sym":
+            return n + groups * (table_itemsize if kernel == "int8mm" else 2)
         if kernel == "int4mm":
             return (n * self.bits + 7) // 8 + groups * 2 * table_itemsize
         if self.quantizer == "bnb":
@@ -144,6 +152,8 @@ class QuantSpec:
         if cols is None or self.quantizer == "bnb":
             return -(-n // self.blocksize)
         rows = n // cols
+        if self.quantizer == "sym":
+            return rows
         return rows * (cols // self.blocksize if cols % self.blocksize == 0 else 1)
 
     def weight_bytes(self, shape, kernel: str | None = None, table_itemsize: int = 2) -> int:
@@ -154,6 +164,8 @@ class QuantSpec:
         n = rows * cols
         if self.quantizer == "bnb":
             return self.tensor_bytes(n)  # blocks run over the flattened weight
+        if self.quantizer == "sym":  # int8 codes plus one scale per row (fp16, or the int8 kernel's compute dtype)
+            return n + rows * (table_itemsize if kernel == "int8mm" else 2)
         groups = rows * (cols // (self.blocksize if cols % self.blocksize == 0 else cols))
         if kernel == "int4mm":  # the kernel's (scale, zero) table replaces the fp16 scale and 4-bit zero
             return packing.packed_bytes(n, self.bits) + 2 * table_itemsize * groups
@@ -161,8 +173,12 @@ class QuantSpec:
             return packing.packed_bytes(n, self.bits) + 2 * groups + packing.packed_bytes(groups, self.bits)
         return packing.packed_bytes(n, self.bits) + 4 * groups  # hqq: fp16 scale and zero
 
-    def bits_per_weight(self, n: int = 1 << 20, kernel: str | None = None) -> float:
-        return 8 * self.tensor_bytes(n, kernel=kernel) / n
+    def bits_per_weight(self, n: int = 1 << 20, kernel: str | None = None, cols: int | None = None) -> float:
+        """Stored bits per weight of a weight of ``n`` values (``cols``: its input dimension, where the metadata is
+        per row)."""
+        if cols is not None:
+            n = n // cols * cols
+        return 8 * self.tensor_bytes(n, cols=cols, kernel=kernel) / n
 
 
 def _kernel_for(shape, spec: QuantSpec, engine) -> str:
@@ -173,6 +189,8 @@ def _kernel_for(shape, spec: QuantSpec, engine) -> str:
             and cols % (16 * packing.INT4_INNER_K_TILES) == 0
             and packing.int4_kernel_works(str(engine.device), engine.compute_dtype)):
         return "int4mm"
+    if spec.quantizer == "sym" and packing.int8_kernel_works(str(engine.device), engine.compute_dtype):
+        return "int8mm"
     if spec.quantizer == "bnb" and spec.bits == 4 and engine.device.type == "cuda":  # pragma: no cover - CUDA
         return "bnb-gemv"
     return "dequant"
@@ -181,7 +199,7 @@ def _kernel_for(shape, spec: QuantSpec, engine) -> str:
 def _scratch_elems(shape, spec: QuantSpec, kernel: str, rows: int | None = None) -> int:
     """What :meth:`PackedWeight.scratch_elems` will say for this weight (before quantizing)."""
     r, c = shape
-    if kernel in ("int4mm", "bnb-gemv"):  # a low-bit kernel computes from the packed weight
+    if kernel in packing.LOWBIT_KERNELS:  # a low-bit kernel computes from the packed weight
         return 0
     return min(r, rows or r) * c
 
@@ -238,13 +256,16 @@ def _itemsize(dtype: torch.dtype) -> int:
 def price_kernel(kernels, spec: QuantSpec):
     """The :class:`~specterbench.engine.lowbit.LowBitKernel` that prices weights run by ``kernels`` (the names
     :class:`~specterbench.engine.packing.PackedWeight` reports): torch's int4 mm and bitsandbytes' 4-bit gemv at
-    their measured efficiency; a weight dequantized into the 16-bit scratch is a 16-bit GEMM, its unpacking paid as
+    their measured efficiency, torch's int8 weight-only matmul at gpt-fast's int8 weight-only figure (the same
+    layout: int8 codes, one scale per output channel); a weight dequantized into the 16-bit scratch is a 16-bit GEMM, its unpacking paid as
     the scratch's write and read (in the caller's bytes) and the dequantization's launches."""
     kernels = set(kernels)
     if "dequant" in kernels:
         return BF16
     if kernels <= {"int4mm", "bnb-gemv"}:
         return INT4_TORCH
+    if kernels == {"int8mm"}:
+        return INT8
     return kernel_for(spec)  # pragma: no cover - a kernel this module does not know yet
 
 
@@ -315,9 +336,12 @@ def release_drafts(engine) -> None:
         engine.__dict__.pop(store, None)
 
 
-def dense_spec(bits, blocksize: int = 64, head_error_scale=None) -> QuantSpec | None:
-    """The spec of a draft's dense copy at ``bits`` (the project's int quantizer), None for 16 (no copy); a
-    one-line UsageError for bits outside :data:`DENSE_BITS`."""
+def dense_spec(bits, blocksize: int = 64, head_error_scale=None, quantizer=None) -> QuantSpec | None:
+    """The spec of a draft's dense copy at ``bits``, None for 16 (no copy); a one-line UsageError for bits outside
+    :data:`DENSE_BITS`. ``quantizer`` (None: the default of the width): ``sym`` at 8 bits — int8 codes and one scale
+    per output channel, computed by torch's int8 weight-only matmul where it runs — and the project's ``int``
+    (asymmetric, per group of ``blocksize``) at 4 and 3 bits; ``int`` at 8 bits names the earlier int8/g64 copy,
+    dequantized into a 16-bit scratch."""
     try:
         n = int(bits)
     except (TypeError, ValueError):
@@ -331,8 +355,17 @@ def dense_spec(bits, blocksize: int = 64, head_error_scale=None) -> QuantSpec | 
         except (TypeError, ValueError):
             raise UsageError(f"head_error_scale must be a number from 1 to {MAX_ERROR_SCALE:g}, got "
                              f"{head_error_scale!r}") from None
-    return None if n == 16 else QuantSpec(bits=n, blocksize=blocksize, quantizer="int",
-                                          head_error_scale=head_error_scale)
+    if n == 16:
+        return None
+    quantizer = quantizer if quantizer is not None else ("sym" if n == 8 else "int")
+    if quantizer not in DENSE_QUANTIZERS or n not in SUPPORTED_BITS[quantizer]:
+        raise UsageError(f"option dense_quantizer={quantizer} is invalid at dense_bits={n}: use "
+                         f"{' or '.join(q for q in DENSE_QUANTIZERS if n in SUPPORTED_BITS[q])}")
+    try:
+        blocksize = int(blocksize)
+    except (TypeError, ValueError):
+        raise UsageError(f"dense_blocksize must be an integer, got {blocksize!r}") from None
+    return QuantSpec(bits=n, blocksize=blocksize, quantizer=quantizer, head_error_scale=head_error_scale)
 
 
 def dense_params(geometry) -> float:
@@ -359,7 +392,8 @@ def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
         return real + _dense_scratch_real_bytes(engine, spec)
     # at a projection the real model's linears run the kernel the stand-in's run (one for all, or dequantized)
     kernel = kernels[0] if len(set(kernels)) == 1 else "dequant"
-    packed = dense_params(g) * spec.bits_per_weight(kernel=kernel) / 8 / g.all_expert_bytes * engine.total_expert_bytes
+    packed = (dense_params(g) * spec.bits_per_weight(kernel=kernel, cols=g.hidden) / 8 / g.all_expert_bytes
+              * engine.total_expert_bytes)  # per-row metadata (``sym``) at rows of ``hidden`` inputs
     largest = g.hidden * max(g.heads * g.head_dim, g.dense_intermediate, g.shared_intermediate)  # one linear
     return int(round(packed)) + (0 if kernel != "dequant" else _priced_share(engine, largest))
 

@@ -7,7 +7,10 @@ and stored as what its spec charges — packed codes plus per-group metadata, ne
   per group of ``blocksize`` along the input dimension; value = ``(q - zero) · scale``;
 - ``hqq``: the same packing, fp16 scale and fp16 (fractional) zero per group;
 - ``bnb``: bitsandbytes' own packed nf4/fp4 nibbles or 8-bit codes with an fp32 absmax per block (one shared code
-  table per format and device).
+  table per format and device);
+- ``sym``: int8 codes ``[R, C]`` (−127…127) and one scale per output channel (row), symmetric (no zero, no groups) —
+  the layout torch's int8 weight-only matmul takes and gpt-fast's ``WeightOnlyInt8Linear`` keeps; value =
+  ``q · scale``.
 
 Computing ``x @ W.T`` (:meth:`PackedWeight.linear`) takes the low-bit kernel that exists for the format:
 
@@ -16,6 +19,13 @@ Computing ``x @ W.T`` (:meth:`PackedWeight.linear`) takes the low-bit kernel tha
   built once when the weight is packed and stored in the compute dtype in place of the fp16 scale and 4-bit zero
   (two values per group in the compute dtype, what :meth:`QuantSpec.weight_bytes` bills for this kernel) — one
   launch per call, no scratch;
+- ``sym`` int8: torch's int8 weight-only matmul (``aten._weight_int8pack_mm``) on the int8 codes and the per-channel
+  scales, stored in the compute dtype as the op takes them — one launch per call, no scratch. torch 2.13's CPU build
+  registers it for CPU (fp32, bf16, fp16 activations; checked by :func:`int8_kernel_works`); torch's source also has
+  MPS and CUDA implementations (``aten/src/ATen/native/cuda/int8mm.cu``: one thread per output element, activations
+  and scales converted to fp32 around it) — the modeled clock prices the layout at gpt-fast's int8 weight-only
+  figure (:data:`~specterbench.engine.lowbit.INT8`, the same codes and per-channel scales), which that simple CUDA
+  kernel is not known to reach; a measured CUDA run says what it does;
 - bitsandbytes 4-bit on CUDA: ``bnb.matmul_4bit`` (gemv on packed nibbles);
 - everything else: the weight is dequantized, a block of rows at a time, into the caller's reused scratch buffer and
   multiplied there — no allocation per call that outlives it.
@@ -33,6 +43,7 @@ import torch.nn.functional as F
 
 INT4_GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 weight-only kernels take
 INT4_INNER_K_TILES = 2
+LOWBIT_KERNELS = ("int4mm", "int8mm", "bnb-gemv")  # kernels that compute from the packed weight (no scratch)
 
 
 def storage_bytes(t: torch.Tensor | None) -> int:
@@ -128,6 +139,25 @@ def int4_kernel_works(device: str, dtype: torch.dtype) -> bool:
         return False
 
 
+# ---- the int8 kernel -------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def int8_kernel_works(device: str, dtype: torch.dtype) -> bool:
+    """Whether torch's int8 weight-only matmul (``aten._weight_int8pack_mm``: int8 codes [N, K], one scale per
+    output channel in the activations' dtype) runs on ``device`` for ``dtype`` and matches dequantization: a probe
+    once per (device, dtype); False where the op is missing or refuses."""
+    try:
+        gen = torch.Generator().manual_seed(0)
+        n, k = 64, 256
+        codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8).to(device)
+        scale = (torch.rand(n, generator=gen) + 0.5).to(device, dtype)
+        x = torch.randn(3, k, generator=gen).to(device, dtype)
+        y = torch.ops.aten._weight_int8pack_mm(x, codes, scale)
+        want = x.float() @ (codes.float() * scale.float()[:, None]).t()
+        return bool(torch.allclose(y.float(), want, rtol=0.05, atol=0.05 * float(want.abs().mean())))
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return False
+
+
 # ---- one packed weight -----------------------------------------------------------------------------
 _BNB_CODES: dict = {}  # (quant type, device) -> the one code table every bitsandbytes state of that kind shares
 
@@ -135,7 +165,7 @@ _BNB_CODES: dict = {}  # (quant type, device) -> the one code table every bitsan
 class PackedWeight:
     """One weight ``[R, C]`` as packed codes plus per-group metadata (see the module docstring).
 
-    ``kernel``: ``int4mm`` | ``bnb-gemv`` | ``dequant`` — what :meth:`linear` runs. ``scratch_elems(rows)``: the
+    ``kernel``: ``int4mm`` | ``int8mm`` | ``bnb-gemv`` | ``dequant`` — what :meth:`linear` runs. ``scratch_elems(rows)``: the
     scratch elements :meth:`linear` needs when it may dequantize ``rows`` rows at a time.
     """
 
@@ -151,6 +181,9 @@ class PackedWeight:
             self._quantize_bnb(w)
         elif spec.quantizer == "int":
             self._quantize_int(w.float())
+        elif spec.quantizer == "sym":
+            self.group = cols  # one scale per output channel
+            self._quantize_sym(w.float())
         else:
             self._quantize_hqq(w.float())
         self.kernel = "dequant"
@@ -165,6 +198,9 @@ class PackedWeight:
             self.codes = _int4_layout(self._codes_2d())
             self.scale = self.zero = None  # the table holds them
             self.kernel = "int4mm"
+        elif spec.quantizer == "sym" and int8_kernel_works(str(w.device), compute_dtype):
+            self.scale = self.scale.to(compute_dtype)  # the op takes its scales in the activations' dtype
+            self.kernel = "int8mm"
         elif spec.quantizer == "bnb" and spec.bits == 4 and w.device.type == "cuda":  # pragma: no cover - CUDA
             self.kernel = "bnb-gemv"
 
@@ -182,6 +218,12 @@ class PackedWeight:
         self.codes = pack_bits(q.to(torch.uint8), bits)
         self.scale = scale.reshape(rows, cols // g)  # [R, G] fp16
         self.zero = pack_bits(zero.to(torch.uint8), bits)  # R·G values at ``bits`` bits
+
+    def _quantize_sym(self, w: torch.Tensor) -> None:
+        amax = w.abs().amax(-1, keepdim=True)  # [R, 1]
+        scale = (amax / 127).clamp_min(1e-8).half()  # fp16 (the int8 kernel keeps it in the compute dtype)
+        self.codes = (w / scale.float()).round().clamp(-127, 127).to(torch.int8)  # [R, C]
+        self.scale = scale.reshape(-1)  # [R]
 
     def _quantize_hqq(self, w: torch.Tensor) -> None:
         from specterbench.errors import UsageError
@@ -250,7 +292,7 @@ class PackedWeight:
         """Scratch elements :meth:`linear` needs: ``rows`` dequantized rows (all of them by default); none where a
         low-bit kernel computes from the packed weight."""
         r, c = self.shape
-        if self.kernel in ("int4mm", "bnb-gemv"):
+        if self.kernel in LOWBIT_KERNELS:
             return 0
         return min(r, rows or r) * c
 
@@ -274,6 +316,8 @@ class PackedWeight:
             full = self.dequantize(out.dtype)
             return out.copy_(full[start:stop])
         g, bits = self.group, self.spec.bits
+        if self.spec.quantizer == "sym":  # q · scale per output channel, in fp32, rounded once
+            return out.copy_(self.codes[start:stop].float() * self.scale[start:stop, None].float())
         if self.kernel == "int4mm":  # the kernel's layout holds the codes: read them back through the kernel
             return out.copy_(self._int4_weight()[start:stop])
         if bits == 8:
@@ -324,6 +368,9 @@ class PackedWeight:
         r, c = self.shape
         if self.kernel == "int4mm":
             y = _int4_mm(x.contiguous(), self.codes, self.group, self.table)
+            return y if bias is None else y + bias
+        if self.kernel == "int8mm":
+            y = torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.codes, self.scale)
             return y if bias is None else y + bias
         if self.kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
             import bitsandbytes as bnb

@@ -91,7 +91,8 @@ class SpeculativeDecoding(Strategy):
 
     @classmethod
     def option_names(cls):
-        return ("k", "dense_bits", "head_error_scale", "draft_noise", *QuantSpec.OPTIONS)
+        return ("k", "dense_bits", "dense_quantizer", "dense_blocksize", "head_error_scale", "draft_noise",
+                *QuantSpec.OPTIONS)
 
     @staticmethod
     def parse_noise(value) -> float:
@@ -107,9 +108,12 @@ class SpeculativeDecoding(Strategy):
 
     @classmethod
     def dense_spec_of(cls, options: dict):
-        """The spec of the draft's dense copy (``--set NAME.dense_bits=4``), None when it shares the target's."""
-        return dense_spec(options.get("dense_bits", cls.dense_bits_default),
-                          head_error_scale=options.get("head_error_scale"))  # None: the model's calibration
+        """The spec of the draft's dense copy (``--set NAME.dense_bits=4``), None when it shares the target's;
+        ``dense_quantizer`` / ``dense_blocksize`` name another format (``dense_quantizer=int``: the int8/g64 copy
+        dequantized into a scratch, the default before the int8 kernel)."""
+        return dense_spec(options.get("dense_bits", cls.dense_bits_default), options.get("dense_blocksize", 64),
+                          head_error_scale=options.get("head_error_scale"),  # None: the model's calibration
+                          quantizer=options.get("dense_quantizer"))
 
     @classmethod
     def parse_depth(cls, value):

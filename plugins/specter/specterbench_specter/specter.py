@@ -63,11 +63,13 @@ class Specter(SpeculativeDecoding):
     description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
                    "governor, 0..32), its routing plans the prefetch, misses run on the host when faster")
     draft_defaults = {"quantizer": "int", "bits": 3, "blocksize": 128}
-    dense_bits_default = 8  # the draft's attention, shared experts and head as int8/g64 (int4 costs acceptance here)
+    dense_bits_default = 8  # the draft's attention, shared experts and head as int8 per channel, run by torch's int8
+    # weight-only matmul (int4 costs acceptance here; ``dense_quantizer=int``: the earlier int8/g64, dequantized)
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", "plan", "dense_bits", "head_error_scale", "draft_noise", *QuantSpec.OPTIONS)
+        return ("k", "host", "plan", "dense_bits", "dense_quantizer", "dense_blocksize", "head_error_scale",
+                "draft_noise", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 

@@ -223,7 +223,7 @@ def test_check_budget_names_the_smallest_budget_that_works():
         Specter.check_budget(engine, int(0.05 * engine.total_expert_bytes), {"bits": 4})
     pct = float(str(err.value).split("works is ")[1].split("%")[0])
     Specter.check_budget(engine, int(pct / 100 * engine.total_expert_bytes) + 1, {"bits": 4})
-    assert "+ dense int8/g64" in str(err.value)  # Specter's default draft has its own 8-bit dense copy
+    assert "+ dense int8/channel" in str(err.value)  # Specter's default draft has its own 8-bit dense copy
 
 
 def test_the_dense_copy_is_charged_with_the_draft_and_given_back_with_it():
