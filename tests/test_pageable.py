@@ -84,6 +84,34 @@ def test_the_engine_runs_pageable_copies_and_the_clock_prices_them(tmp_path):
     assert rows["pageable"]["tpot_ms"] > rows["pinned"]["tpot_ms"]
 
 
+def test_a_strategy_asks_for_pageable_copies_and_reads_their_price(t4):
+    """``engine.use_pageable_copies()`` from ``attach`` switches the cell's fetches to the pageable path, and
+    ``engine.costs.pageable_copy_s()`` prices one at the profile's pageable rate; ``check_profile`` refuses a profile
+    without the figure before anything runs."""
+    from baselines.on_demand import OnDemand
+    from specterbench.engine.engine import Engine
+    from specterbench.engine.models import tiny_random
+
+    model, tok = tiny_random("mixtral")
+    engine = Engine(model, name="mixtral", tokenizer=tok)
+    strategy = OnDemand(pageable=True)
+    OnDemand.check_profile(t4, {"pageable": True})
+    with pytest.raises(UsageError, match="pageable_link_bytes_per_s"):
+        OnDemand.check_profile(BUILTIN_PROFILES[0], {"pageable": True})
+    engine.configure(strategy, engine.total_expert_bytes // 2, ModeledClock(t4, engine.geometry))
+    strategy.prepare(engine)
+    assert engine.pageable_copies
+    costs = engine.costs
+    assert costs.pageable_copy_s() > costs.copy_s()
+    assert costs.pageable_copy_s() == pytest.approx(
+        t4.link_latency_us * 1e-6 + engine.priced_expert_bytes / t4.pageable_link_bytes_per_s, rel=1e-6)
+    other, _ = tiny_random("mixtral")
+    plain = Engine(other, name="mixtral")
+    assert not plain.pageable_copies
+    plain.use_pageable_copies()  # what attach does for on-demand with pageable=true
+    assert plain.pageable_copies
+
+
 def test_the_store_hands_out_pageable_sources():
     import torch
 
