@@ -107,7 +107,6 @@ def test_a_strategy_asks_for_pageable_copies_and_reads_their_price(t4):
         t4.link_latency_us * 1e-6 + engine.priced_expert_bytes / t4.pageable_link_bytes_per_s, rel=1e-6)
     other, _ = tiny_random("mixtral")
     plain = Engine(other, name="mixtral")
-    assert not plain.pageable_copies
     plain.use_pageable_copies()  # what attach does for on-demand with pageable=true
     assert plain.pageable_copies
 
