@@ -188,7 +188,7 @@ class Engine(CacheControl):
         self.context_len = 1  # positions the forward attends to, its own included
         self._host_threads: int | None = None
         self._wants_landed = False
-        self._budget_bytes = self._device_bytes_left = 0
+        self._budget_bytes = self._device_bytes_left = self._device_bytes_charged = 0
         self._pending: set = set()
         self._routed_guard = False
         self._mark = (0.0, 0.0, 0.0)
@@ -284,6 +284,7 @@ class Engine(CacheControl):
             elems = max(gu.scratch_elems(), dn.scratch_elems())
             self.scratch = torch.empty(elems, dtype=self.compute_dtype, device=self.device)
         self._budget_bytes, self._device_bytes_left = int(budget_bytes), int(extra)
+        self._device_bytes_charged = int(extra)
         self.clock = self._bind(clock)
         self.strategy = strategy
         self.stats = EngineStats()
@@ -318,6 +319,12 @@ class Engine(CacheControl):
         self.strategy = None
         self.expert_override = None
         trim_host_memory()
+
+    @property
+    def device_bytes_released(self) -> int:
+        """Device bytes the strategy has given back to the cache this cell (:meth:`release_device_bytes`): the cache's
+        capacity is the budget less the strategy's charged bytes, plus these."""
+        return self._device_bytes_charged - self._device_bytes_left
 
     def release_device_bytes(self, nbytes: int) -> None:
         """A strategy stops using ``nbytes`` of what :meth:`Strategy.device_bytes` charged (e.g. it drops its draft):
