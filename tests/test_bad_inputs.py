@@ -20,18 +20,11 @@ from specterbench.bench.results import RowWriter
 from specterbench.cli import main
 from specterbench.plugins.host import BLOCK_ENV
 from specterbench.plugins.testing import install_dist
+from cli_errors import one_line  # noqa: E402
 
 MODEL = "tiny-random-mixtral"
 FAST = ["--model", MODEL, "--strategies", "lru", "--budgets", "50%", "--prompts", "1", "--tokens", "2", "--quiet"]
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def one_line(err: str) -> str:
-    """The single stderr line of a refused command (no traceback, nothing else)."""
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("specterbench: error:"), err
-    return lines[0]
 
 
 @pytest.fixture

@@ -16,13 +16,7 @@ from specterbench.engine.costs import CostModel
 from specterbench.engine.geometry import geometry_preset
 from specterbench.engine.profiles import PROFILE_FILES_DIR, BUILTIN_PROFILES
 from specterbench.errors import UsageError
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("specterbench: error:"), err
-    return lines[0]
+from cli_errors import one_line  # noqa: E402
 
 
 @pytest.fixture

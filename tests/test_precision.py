@@ -14,16 +14,10 @@ from specterbench.engine.draft import QuantSpec
 from specterbench.engine.geometry import geometry_preset
 from specterbench.engine.precision import Precision, priced_geometry
 from specterbench.errors import UsageError
+from cli_errors import one_line  # noqa: E402
 
 MODEL = "tiny-random-mixtral"
 FAST = ["--model", MODEL, "--prompts", "1", "--tokens", "4", "--quiet", "--geometry", "own"]
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("specterbench: error:"), err
-    return lines[0]
 
 
 @pytest.mark.parametrize("args, message", [

@@ -15,17 +15,11 @@ from specterbench.bench.calibrate import load_profile_file
 from specterbench.cli import main
 from specterbench.engine.profiles import PROFILE_FILES_DIR, HardwareProfile, HostProfile, packaged_profiles
 from specterbench.errors import UsageError
+from cli_errors import one_line  # noqa: E402
 
 SETUPS = ("a100-40g-pcie4-speq", "a100-80g-pcie4", "rtx3080m-16g-pcie4", "rtx3060-12g-pcie3", "t4-16g-pcie3",
           "quadro-rtx6000-24g-pcie3")
 HOSTS = ("xeon-silver-4310", "xeon-skylake-48c", "threadripper-7960x")
-
-
-def one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err, err
-    assert len(lines) == 1 and lines[0].startswith("specterbench: error:"), err
-    return lines[0]
 
 
 # ---- profiles -----------------------------------------------------------------------------------------------------
