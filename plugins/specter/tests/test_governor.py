@@ -97,3 +97,16 @@ def test_plain_step_splits_a_layers_misses_between_host_and_link_beside_the_devi
     assert g.plain_step_s(costs, 0.5) == pytest.approx(base + 4 * (0.25 * 0.2 + 0.5 * 1.0 + 0.25 * 2.0))
     no_host = PlainCosts(host_s=float("inf"), fetch_s=3.0)
     assert g.plain_step_s(no_host, 1.0) == pytest.approx(base + 4 * 6.0)
+
+
+def test_the_plan_covers_only_the_room_it_may_fill():
+    """The plan copies into transients' room: with none (every slot a resident) it covers no miss, as without a plan;
+    with the whole cache its room it covers some."""
+    costs = FlatCosts(draft_s=5e-3)  # a draft slow enough for the link to move the plan
+    without = governor(plan=False).forecast(8, costs).misses
+    g = governor()
+    assert g.forecast(8, costs).misses < without  # room from the whole cache (plan_slots unknown)
+    g.plan_slots = 0
+    assert g.forecast(8, costs).misses == without
+    g.plan_slots = 24
+    assert g.forecast(8, costs).misses < without
