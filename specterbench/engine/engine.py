@@ -259,9 +259,11 @@ class Engine(CacheControl):
             layer, per_expert = count_packed_launches(self)
             self.kernels = replace(self.kernels, target_expert=per_expert, target_layer=layer)
             self.clock.costs.kernels = self.kernels
-        own = self.geometry is self.own_geometry
+        own, before = self.geometry is self.own_geometry, self.geometry
         self.own_geometry = priced_geometry(self.own_geometry, precision)
         self.geometry = self.own_geometry if own else priced_geometry(self.geometry, precision)
+        if self.clock.costs.geometry is before:  # the clock priced this engine's geometry: it prices the new one
+            self.clock.costs.geometry = self.geometry
 
     # ---- cell setup ----------------------------------------------------------------------------------
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
