@@ -1,5 +1,7 @@
 from specterbench import Strategy
 
+from .options import flag
+
 
 class LRU(Strategy):
     """Per-layer least-recently-used caches, as in mixtral-offloading.
@@ -8,14 +10,44 @@ class LRU(Strategy):
     layer that is at its quota evicts from that layer. While the cache is filling, a layer may use free slots.
     Subclasses change only :meth:`pick`, the order in which a layer's experts are given up. Choosing a victim
     reads the cache's per-layer view, so it costs O(1) (O(quota) with a subclass's ``pick``), not O(cache).
+
+    ``swap=true``: copy the way Mixtral-Offloading's released code does (github.com/dvmazur/mixtral-offloading).
+    ``ExpertCache._swap`` (``src/expert_cache.py``) turns every miss into two ``copy_(…, non_blocking=True)``: the
+    needed expert host→device into a spare device buffer and the evicted one device→host into a spare pinned host
+    buffer, which becomes its host copy. No copy stream is set around them (``SparseMoeWrapper.forward`` in
+    ``src/custom_layers.py`` iterates ``load_experts`` on the current stream), so both run on the compute stream: one
+    after the other (one stream serializes them although PCIe is full duplex) and serial with compute — the experts
+    computed after them wait, and they wait for the compute queued before them; the copies of a layer cannot start
+    before its routing is known, because the host reads it first (``.unique().tolist()``, then ``.tolist()`` per
+    expert: host syncs). Here every eviction of a landed expert is copied back into its store tensors and then the
+    needed expert into the freed slot (this engine has no spare device buffer: the budget is the slots), both on the
+    compute stream (:meth:`~specterbench.engine.engine.Engine.use_swap_copies`; the order does not change their
+    time, they are serial either way); the host→device copy priced at ``link_bytes_per_s``, the device→host one by
+    :meth:`~specterbench.engine.costs.CostModel.d2h_copy_seconds`. Not modeled: Mixtral-Offloading's cache starts
+    full, so its first misses swap too, where this one fills free slots first (warm-up); its spare device buffers
+    are memory outside the cache.
     """
 
     name = "lru"
     version = "1"
-    description = "per-layer LRU expert cache (mixtral-offloading)"
+    description = "per-layer LRU expert cache (mixtral-offloading; swap=true: its released code's swap copies)"
+
+    @classmethod
+    def option_names(cls):
+        return ("swap",) if cls is LRU else ()
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        flag(cls.name, "swap", options.get("swap", False))
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.swap = flag(self.name, "swap", options.get("swap", False))
 
     def attach(self, engine):
         super().attach(engine)
+        if self.swap:
+            engine.use_swap_copies()
         slots = engine.cache.capacity_bytes // engine.expert_bytes
         base, extra = divmod(slots, engine.num_layers)
         self.quota = [base + (1 if layer < extra else 0) for layer in range(engine.num_layers)]

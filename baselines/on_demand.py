@@ -1,16 +1,10 @@
 from specterbench import Strategy
-from specterbench.errors import UsageError
 
-TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+from .options import flag
 
 
 def _flag(value) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in TRUE + FALSE:
-        return text in TRUE
-    raise UsageError(f"on-demand option pageable={value!r} is invalid: use true or false")
+    return flag("on-demand", "pageable", value)
 
 
 class OnDemand(Strategy):

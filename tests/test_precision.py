@@ -120,6 +120,20 @@ def test_set_precision_bills_stored_bytes_and_prices_the_geometry():
         engine.geometry.hidden, engine.geometry.expert_intermediate))
 
 
+def test_the_engines_own_clock_prices_the_new_precision_before_any_cell():
+    """An engine's default (host wall) clock was bound at 16 bits; set_precision moves its prices too, so estimates
+    asked before ``configure`` (e.g. a strategy's ``min_cache_bytes``) see the stored bytes, not bf16's."""
+    from specterbench.engine.engine import Engine
+    from specterbench.engine.models import tiny_random
+
+    model, tok = tiny_random("mixtral")
+    engine = Engine(model, name="tiny-random-mixtral", tokenizer=tok)
+    sixteen = engine.clock.costs.expert_copy_bytes
+    engine.set_precision(Precision.parse(4, 16))
+    assert engine.clock.costs.geometry is engine.geometry
+    assert engine.clock.costs.expert_copy_bytes < sixteen / 3
+
+
 def test_a_sweep_grid_takes_the_precision_for_every_cell_and_its_own_reference(host):
     from specterbench.bench.grid import expand, parse_grid, reference_key
 

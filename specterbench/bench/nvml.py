@@ -437,6 +437,8 @@ def fill_from_counters(row, state: CellCounters) -> None:
     row.extra["nvml_memory_used_bytes"] = memory  # at the cell's end (the peak is peak_device_bytes)
     if row.h2d_bytes:
         row.extra["nvml_over_ledger"] = row.nvml_h2d_bytes / row.h2d_bytes
+    if row.d2h_bytes:  # the ledger's device->host bytes (lru.swap's write-backs) against PCIe TX
+        row.extra["nvml_d2h_over_ledger"] = row.nvml_d2h_bytes / row.d2h_bytes
 
 
 def fill_row(row, total: Integrated, error) -> None:
@@ -455,6 +457,8 @@ def fill_row(row, total: Integrated, error) -> None:
     row.extra["nvml_source"] = "sampled-throughput"
     if row.h2d_bytes:
         row.extra["nvml_over_ledger"] = row.nvml_h2d_bytes / row.h2d_bytes
+    if row.d2h_bytes:  # the ledger's device->host bytes (lru.swap's write-backs) against PCIe TX
+        row.extra["nvml_d2h_over_ledger"] = row.nvml_d2h_bytes / row.d2h_bytes
 
 
 # ---- report --------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class ResultRow:
     misses: int = 0
     h2d_bytes: int = 0
     h2d_bytes_per_token: float | None = None
+    d2h_bytes: int = 0  # experts copied device->host (lru.swap: each eviction written back to the host)
     demand_bytes: int = 0
     prefetch_bytes: int = 0
     prefetch_issued: int = 0

@@ -37,6 +37,8 @@ class ClockTotals:
     host_busy_s: float = 0.0  # host CPU computing experts (cpu-experts, Specter's hybrid verification)
     host_shared_s: float = 0.0  # of that, seconds the host's DRAM was shared with the link's DMA reads
     launches: int = 0  # kernel launches the compute stream was charged (the engine's kernel description)
+    d2h_bytes: int = 0  # copied device->host (copy_on_compute(to_host=True): lru.swap's write-backs)
+    d2h_busy_s: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -76,6 +78,16 @@ class Clock(Protocol):
         memory, as accelerate's offload hooks copy): it starts when the compute stream reaches it and the link is
         free, runs ``copy``, and the compute stream waits until it has landed (a stall). Priced at the profile's
         ``pageable_link_bytes_per_s``."""
+
+    def copy_on_compute(self, key, nbytes: int, copy: Callable[[], None] | None = None, *,
+                        to_host: bool = False) -> Transfer:
+        """A copy from pinned host memory issued on the compute stream itself (``copy_(…, non_blocking=True)`` with
+        no copy stream set, as Mixtral-Offloading's ``ExpertCache._swap`` does): the stream runs it in order, after
+        the compute queued before it, and the compute queued after it waits for it (a stall of its length). Runs
+        ``copy`` at once. Host→device: priced at the profile's ``link_bytes_per_s`` and holds the link too (it
+        starts when both are free); ``to_host``: device→host, priced by
+        :meth:`~specterbench.engine.costs.CostModel.d2h_copy_seconds`, counted in ``totals.d2h_bytes``, not on the
+        host→device link (PCIe is full duplex) and never reported as landed."""
 
     def started(self, t: Transfer) -> bool:
         """Whether ``t`` holds (or has held) the link: it can no longer be cancelled."""
@@ -218,6 +230,26 @@ class ModeledClock(_Backlog):
 
     def copy_sync(self, key, nbytes: int, copy=None) -> Transfer:
         seconds = self.costs.pageable_copy_seconds(nbytes)  # a profile without the field: one line, before anything
+        return self._copy_in_stream(key, nbytes, seconds, copy)
+
+    def copy_on_compute(self, key, nbytes: int, copy=None, *, to_host: bool = False) -> Transfer:
+        if not to_host:
+            return self._copy_in_stream(key, nbytes, self.costs.copy_seconds(nbytes), copy)
+        seconds = self.costs.d2h_copy_seconds(nbytes)
+        self._seq += 1
+        t = Transfer(key, nbytes, DEMAND_PRIORITY, self.now_s, self._seq, self.now_s, self.now_s + seconds,
+                     state="landed")
+        self.totals.d2h_busy_s += seconds
+        self.totals.d2h_bytes += nbytes
+        self._steps += 1
+        if copy is not None:
+            copy()
+        self._stall_until(t.end_s)  # the compute stream runs it: what is queued after it waits
+        return t
+
+    def _copy_in_stream(self, key, nbytes: int, seconds: float, copy) -> Transfer:
+        """A host→device copy of ``seconds`` the compute stream runs itself: it starts when the stream reaches it
+        and the link is free, and the stream waits until it has landed."""
         self._seq += 1
         self._advance_link()  # copies started before now keep the link
         start = max(self.now_s, self.link_free_s)

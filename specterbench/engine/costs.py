@@ -49,7 +49,8 @@ Prices (the profile's fields, see :mod:`specterbench.engine.profiles`): a device
 max(flops / flops_per_s, bytes / (mem_bytes_per_s · efficiency), dequant ops / alu_ops_per_s)``, where a low-bit
 kernel's efficiency and dequantization instructions per weight come from :mod:`specterbench.engine.lowbit` (16-bit:
 1 and 0); a copy ``link_latency_us + bytes / link_bytes_per_s`` (a synchronous copy from pageable memory: ``bytes /
-pageable_link_bytes_per_s``, serial with compute); a host
+pageable_link_bytes_per_s``, serial with compute; a copy device→host, ``lru.swap``'s write-back of an evicted expert:
+``bytes / link_bytes_per_s``, see :meth:`CostModel.d2h_copy_seconds`); a host
 expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes / DRAM share)``
 plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``), where the DRAM share
 is ``host.mem_bytes_per_s`` while the link is idle and ``host.mem_bytes_per_s - link_bytes_per_s`` while it copies
@@ -245,6 +246,17 @@ class CostModel:
         bytes at the profile's ``pageable_link_bytes_per_s`` (a one-line UsageError when the profile lacks it).
         The compute stream waits for the whole of it (:meth:`~specterbench.engine.clocks.Clock.copy_sync`)."""
         return self.profile.link_latency_us * 1e-6 + nbytes / self.profile.pageable_bytes_per_s()
+
+    def d2h_copy_seconds(self, nbytes: int) -> float:
+        """A copy device→host into pinned host memory (``lru.swap=true``: the evicted expert written back, as
+        Mixtral-Offloading's ``ExpertCache._swap`` does): latency plus bytes at the profile's ``link_bytes_per_s``. A
+        profile states the pinned host→device rate only; pinned device→host measures the same on the hosts the
+        profiles cite (CUDA samples bandwidthTest, pinned: a DGX A100 on PCIe4 25.7 GB/s host→device, 25.8
+        device→host at 32 MB, github.com/gengwg/gpu ``nvda_gpu_benchmark.md``; a Quadro RTX 6000 on PCIe3 11.0 and
+        12.0 GB/s at 1 MiB, github.com/npho/cse554 ``assignment1/host_GPU/README.md``), so the price errs by at most
+        that 9%, on the slow side. PCIe is full duplex: this copy does not hold the host→device link; it holds the
+        stream it is issued on (:meth:`~specterbench.engine.clocks.Clock.copy_on_compute`)."""
+        return self.profile.link_latency_us * 1e-6 + nbytes / self.profile.link_bytes_per_s
 
     def hop_seconds(self, act_bytes: float) -> float:
         """Activations of a host expert crossing the link one way (small, full duplex: they do not queue)."""

@@ -121,6 +121,16 @@ class CudaClock(_Backlog):  # pragma: no cover - needs CUDA (tests/test_clock_cu
         """``copy`` (a blocking ``copy_`` from pageable host memory) runs on the compute stream, between two timing
         events: the driver stages it through a pinned bounce buffer and PyTorch synchronizes the stream after a
         blocking copy, so the host and the compute stream wait for it; its event time is the link's and a stall."""
+        return self._copy_on_stream(key, nbytes, copy, to_host=False)
+
+    def copy_on_compute(self, key, nbytes: int, copy=None, *, to_host: bool = False) -> Transfer:
+        """``copy`` (non-blocking ``copy_`` calls from or into pinned memory) is enqueued on the compute stream
+        between two timing events, so it runs after the compute queued before it and what is queued after it waits;
+        the host then waits for its end event, as Mixtral-Offloading's host does at its next ``.tolist()``. Its event
+        time is a stall; a device→host one counts in ``totals.d2h_bytes`` instead of the link's."""
+        return self._copy_on_stream(key, nbytes, copy, to_host=to_host)
+
+    def _copy_on_stream(self, key, nbytes: int, copy, *, to_host: bool) -> Transfer:
         torch = self.torch
         self._pump()
         self._seq += 1
@@ -136,11 +146,16 @@ class CudaClock(_Backlog):  # pragma: no cover - needs CUDA (tests/test_clock_cu
         t.event.synchronize()
         t.end_s, t.state = time.perf_counter(), "landed"
         seconds = t.start_event.elapsed_time(t.event) / 1e3
-        self.totals.link_busy_s += seconds
-        self.totals.link_bytes += nbytes
+        if to_host:
+            self.totals.d2h_busy_s += seconds
+            self.totals.d2h_bytes += nbytes
+        else:
+            self.totals.link_busy_s += seconds
+            self.totals.link_bytes += nbytes
         self._waits.append((t.start_event, t.event))  # the compute stream held by the copy: a stall
         self.totals.stalls += 1
-        self._landed.append(t)
+        if not to_host:
+            self._landed.append(t)
         return t
 
     def started(self, t: Transfer) -> bool:

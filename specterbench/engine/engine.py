@@ -45,6 +45,7 @@ class EngineStats:
     prefetch_wasted: int = 0
     prefetch_cancelled: int = 0
     h2d_bytes: int = 0
+    d2h_bytes: int = 0  # evicted experts copied back to the host (lru.swap: engine.use_swap_copies)
     demand_bytes: int = 0
     prefetch_bytes: int = 0
     expert_computes: int = 0
@@ -187,6 +188,7 @@ class Engine(CacheControl):
         self.forward_tokens = 1  # tokens of the forward being run (1 while decoding; K+1 when verifying)
         self.context_len = 1  # positions the forward attends to, its own included
         self._host_threads: int | None = None
+        self.pageable_copies = self.swap_copies = False  # the copy path (configure resets it, a strategy picks it)
         self._wants_landed = False
         self._budget_bytes = self._device_bytes_left = self._device_bytes_charged = 0
         self._pending: set = set()
@@ -257,9 +259,11 @@ class Engine(CacheControl):
             layer, per_expert = count_packed_launches(self)
             self.kernels = replace(self.kernels, target_expert=per_expert, target_layer=layer)
             self.clock.costs.kernels = self.kernels
-        own = self.geometry is self.own_geometry
+        own, before = self.geometry is self.own_geometry, self.geometry
         self.own_geometry = priced_geometry(self.own_geometry, precision)
         self.geometry = self.own_geometry if own else priced_geometry(self.geometry, precision)
+        if self.clock.costs.geometry is before:  # the clock priced this engine's geometry: it prices the new one
+            self.clock.costs.geometry = self.geometry
 
     # ---- cell setup ----------------------------------------------------------------------------------
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
@@ -292,6 +296,7 @@ class Engine(CacheControl):
         self.warming_up = False
         self._host_threads = None
         self.pageable_copies = False  # a strategy may ask for accelerate's copy path (use_pageable_copies)
+        self.swap_copies = False  # ... or for Mixtral-Offloading's (use_swap_copies)
         self._wants_landed = type(strategy).on_copy_landed is not Strategy.on_copy_landed
         strategy.attach(self)
 
@@ -303,6 +308,20 @@ class Engine(CacheControl):
         if self.clock.kind == "modeled":
             self.clock.costs.profile.pageable_bytes_per_s()
         self.pageable_copies = True
+
+    def use_swap_copies(self) -> None:
+        """From now on in this cell every miss swaps, as Mixtral-Offloading's ``ExpertCache._swap`` does
+        (github.com/dvmazur/mixtral-offloading, ``src/expert_cache.py``): the evicted expert is copied device→host
+        back into its store tensors (pinned host memory on CUDA) and the needed one host→device into the freed slot,
+        both on the compute stream (:meth:`Clock.copy_on_compute`), so they run one after the other and serial with
+        compute. The write-back's bytes are counted in ``stats.d2h_bytes``. Refused in one line when the slots' dtype
+        cannot hold the store's values exactly (the write-back would change them)."""
+        slot, store = self.compute_dtype, self.store.dtype
+        if not self.store.packed and slot != store and slot not in (torch.float32, torch.float64):
+            raise UsageError(f"swap copies write each evicted expert back into the host store ({store}), which the "
+                             f"device's {slot} copy cannot do exactly; run the model in {store} or float32, or drop "
+                             f"the swap option")
+        self.swap_copies = True
 
     def end_cell(self) -> None:
         """The cell is over: every quantized copy (draft experts, dense copy, their scratch) is freed, the cache

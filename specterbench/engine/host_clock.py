@@ -45,6 +45,19 @@ class HostWallClock(_Backlog):
         """Every copy here is a synchronous host copy already: the pageable one is timed the same way."""
         return self.issue(key, nbytes, DEMAND_PRIORITY, copy)
 
+    def copy_on_compute(self, key, nbytes: int, copy=None, *, to_host: bool = False) -> Transfer:
+        """A host copy either way, timed when it runs; a device→host one is counted in ``totals.d2h_bytes``."""
+        if not to_host:
+            return self.issue(key, nbytes, DEMAND_PRIORITY, copy)
+        self._seq += 1
+        start = time.perf_counter()
+        if copy is not None:
+            copy()
+        end = time.perf_counter()
+        self.totals.d2h_busy_s += end - start
+        self.totals.d2h_bytes += nbytes
+        return Transfer(key, nbytes, DEMAND_PRIORITY, start, self._seq, start, end, state="landed")
+
     def started(self, t: Transfer) -> bool:
         return True
 

@@ -37,8 +37,8 @@ def slot_copy(dst, src, reuse_after=None):
 
 class CacheControl:
     """Mixed into the engine: needs ``cache``, ``pool`` (:class:`~specterbench.engine.pool.SlotPool`), ``clock``,
-    ``store``, ``strategy``, ``stats``, ``device``, ``expert_bytes``, ``priced_expert_bytes`` and
-    ``pageable_copies``."""
+    ``store``, ``strategy``, ``stats``, ``device``, ``expert_bytes``, ``priced_expert_bytes``, ``pageable_copies``
+    and ``swap_copies``."""
 
     def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
         """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
@@ -81,9 +81,27 @@ class CacheControl:
             self.stats.prefetch_cancelled += 1
             self._unledger(slot)
             slot.weights = slot.transfer.copy = None
-        elif slot.prefetched and not slot.used:
-            self.stats.prefetch_wasted += 1
+        else:
+            if slot.prefetched and not slot.used:
+                self.stats.prefetch_wasted += 1
+            if self.swap_copies:
+                self._write_back(key, slot)
         self._drop(key)
+
+    def _write_back(self, key: ExpertKey, slot: Slot) -> None:
+        """Swap copies (``engine.use_swap_copies``): the evicted expert goes device→host into its store tensors
+        before its slot is given back, on the compute stream (after every read of the slot queued there, before the
+        copy that reuses it), as Mixtral-Offloading's ``ExpertCache._swap`` copies the evicted expert into a spare
+        pinned host buffer that becomes its host copy. The values are the ones fetched, so the store is unchanged in
+        value — a later fetch of ``key`` copies what this wrote."""
+        src = expert_tensors(slot.weights)
+
+        def copy():
+            for d, w in zip(self.store.tensors(key), src):  # 16-bit weights, or each packed weight's parts
+                d.copy_(w, non_blocking=True)
+
+        self.clock.copy_on_compute(key, self.priced_expert_bytes, copy, to_host=True)
+        self.stats.d2h_bytes += self.store.expert_bytes
 
     def _check_key(self, call: str, key) -> None:
         """A key that names no expert of this model is a named error, not a KeyError from the store."""
@@ -182,6 +200,10 @@ class CacheControl:
             for d, w in zip(expert_tensors(slot.weights), expert_tensors(src)):  # 16-bit weights or packed parts
                 d.copy_(w)
 
+        def copy_swap():  # on the compute stream after the victim's write-back: non-blocking, from pinned memory
+            for d, w in zip(expert_tensors(slot.weights), expert_tensors(src)):
+                d.copy_(w, non_blocking=True)
+
         try:
             self.cache.insert(slot)
         except Exception:
@@ -189,6 +211,8 @@ class CacheControl:
             raise
         if pageable:  # accelerate's path: tensor by tensor, synchronous, the compute stream waits
             slot.transfer = self.clock.copy_sync(key, self.priced_expert_bytes, copy_pageable)
+        elif self.swap_copies:  # Mixtral-Offloading's path: on the compute stream, serial with compute
+            slot.transfer = self.clock.copy_on_compute(key, self.priced_expert_bytes, copy_swap)
         else:
             slot.transfer = self.clock.issue(key, self.priced_expert_bytes, priority, copy)
         moved = self.store.expert_bytes  # the link ledger: what crosses the link (the cache charges expert_bytes)
