@@ -5,12 +5,15 @@
         [--out results/acceptance-sweep]
 
 Each model is priced at the geometry it stands for (Mixtral-8x7B, Qwen1.5-MoE). The other lossless strategies run
-once per model; Specter runs once per (draft bits, error scale): the draft's acceptance moves with both, the
-other strategies do not. ``--scales``: ``off`` (no calibration), ``model`` (the model's own draft-fidelity calibration:
+once per model; Specter and its ablation ``spec-host`` (same draft, governor, residents and host path, no lookahead)
+run once per (draft bits, error scale): the draft's acceptance moves with both, the other strategies do not; a budget
+the draft does not fit is reported as refused. ``--scales``: ``off`` (no calibration), ``model`` (the model's own draft-fidelity calibration:
 routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table row per (geometry, budget, bits, scale) — the draft's per-token agreement with its target
 (sampled at the default decode, teacher-forced on held-out text: the acceptance it offers), Specter's measured
-per-token acceptance where it drafted, and its speed-up — and per geometry and budget the bracket of the break-even agreement: the highest swept agreement at which Specter
-does not beat the strongest other strategy and the lowest above it at which it does.
+per-token acceptance where it drafted, and its speed-up — and per geometry, budget and draft bit width the bracket of the break-even agreement: the highest swept agreement at
+which Specter does not beat the strongest non-speculative strategy (and, per budget over every draft, the strongest of
+all, ``spec-host`` with the same draft included) and the lowest above it at which it does; a cell whose draft was released counts as no win. Cells
+below 0.97× ``cpu-experts`` (the floor) are listed with the governor's K choices.
 """
 
 from __future__ import annotations
@@ -141,6 +144,15 @@ def _x(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}×"
 
 
+def crossing(where: str, points: list[tuple[float, float]]) -> str:
+    """One line: the break-even bracket of ``points`` (draft agreement, speed-up)."""
+    below, above = break_even([(a, x) for a, x in points if a is not None])
+    return (f"- {where}: Specter " + (f"does not win at draft agreement ≤ {below:.3f}" if below is not None
+                                       else "wins at every swept agreement")
+            + (f", wins from {above:.3f}" if above is not None else ", at none above it")
+            + (" (break-even between)" if below is not None and above is not None else ""))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--models", default="tiny-mixtral,tiny-qwen-moe")
@@ -170,7 +182,10 @@ def main(argv=None) -> int:
             if r.get("lossless_strategy") and r.get("tpot_ms") is not None:
                 if b not in best or r["tpot_ms"] < best[b]["tpot_ms"]:
                     best[b] = r
-        points: dict[float, list] = {}
+        points: dict[float, list] = {}  # (draft agreement, speed-up over the strongest other, spec-host included)
+        # per (budget, draft bits): (draft agreement, speed-up over the strongest non-speculative strategy) — each
+        # format has its own price per draft step (int4 has a kernel, int3/int2 are dequantized), so its own break-even
+        plain_points: dict[tuple, list] = {}
         geometry = next((r["geometry"] for r in others if r.get("geometry")), model)
         for bits in (int(b) for b in args.bits.split(",")):
             for label, scale, head in parse_scales(args.scales, own):
@@ -198,8 +213,13 @@ def main(argv=None) -> int:
                     rivals = [x for x in (best.get(b), host) if x is not None and x.get("tpot_ms") is not None]
                     strongest = min(rivals, key=lambda x: x["tpot_ms"]) if rivals else None
                     over_cpu, over_host, over_best = speedup(cpu.get(b), r), speedup(host, r), speedup(strongest, r)
+                    # a released draft is not speculation winning: whatever the cell gains over the others then
+                    # comes from Specter's cache over plain decoding, so for the break-even it counts as no win
+                    cap = 1.0 if extra.get("draft_released") else float("inf")
                     if over_best is not None:
-                        points.setdefault(b, []).append((agree, over_best))
+                        points.setdefault(b, []).append((agree, min(cap, over_best)))
+                    if speedup(best.get(b), r) is not None:
+                        plain_points.setdefault((b, bits), []).append((agree, min(cap, speedup(best.get(b), r))))
                     if over_cpu is not None and over_cpu < 0.97:
                         floor.append(f"- {geometry} {b:.0%} {name} (agreement {agree:.3f}): {over_cpu:.3f}× "
                                      f"cpu-experts, K chosen {k_histogram(extra)}")
@@ -211,14 +231,12 @@ def main(argv=None) -> int:
                         f"{r['tpot_ms']:.1f} | {'–' if b not in cpu else format(cpu[b]['tpot_ms'], '.1f')} | "
                         f"{_x(over_cpu)} | {'–' if host is None or host.get('tpot_ms') is None else format(host['tpot_ms'], '.1f')} | "
                         f"{_x(over_host)} | {'–' if strongest is None else strongest['strategy']} | {_x(over_best)} |")
+        for (b, bits), pts in sorted(plain_points.items()):
+            crossings.append(crossing(f"{geometry} at {b:.0%}, int{bits} drafts, against the strongest "
+                                      f"non-speculative strategy", pts))
         for b, pts in sorted(points.items()):
-            pts = [(a, s) for a, s in pts if a is not None]
-            below, above = break_even(pts)
-            crossings.append(f"- {geometry} at {b:.0%}: Specter "
-                             + (f"does not beat the strongest other at draft agreement ≤ {below:.3f}" if below is not None
-                                else "beats the strongest other at every swept agreement")
-                             + (f", beats it from {above:.3f}" if above is not None else ", at none above it")
-                             + (" (break-even between)" if below is not None and above is not None else ""))
+            crossings.append(crossing(f"{geometry} at {b:.0%}, every draft, against the strongest other "
+                                      f"(spec-host included)", pts))
     print("\n".join(table))
     print()
     print("\n".join(crossings))
