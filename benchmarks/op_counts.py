@@ -74,7 +74,7 @@ def ops_per_specter_token(engine, k: int = 4) -> float:
     from specterbench.plugins.host import get_host
     from specterbench.plugins.strategy import Request
 
-    strategy = get_host().strategies().get("specter")(k=k)
+    strategy = get_host().strategies().get("specter")(k=k, bits=3)  # the int3 draft the README table counts
     configure(engine, strategy, engine.total_expert_bytes // 2)
     strategy.prepare(engine, None)
     request = Request("p0", PROMPT, 16)

@@ -265,6 +265,7 @@ class Engine(CacheControl):
     def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
         """Give ``strategy`` a fresh cache of ``budget_bytes`` minus what it keeps on the device itself."""
         self.end_cell()  # nothing of the cell before survives: its drafts and scratch are freed
+        strategy.fit_budget(self, int(budget_bytes))
         extra = strategy.device_bytes(self)
         cache_bytes = budget_bytes - extra
         need = strategy.min_cache_bytes(self)

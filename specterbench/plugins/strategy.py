@@ -157,6 +157,11 @@ class Strategy:
         every profile."""
 
     # ---- setup -------------------------------------------------------------------------------------
+    def fit_budget(self, engine: "Engine", budget_bytes: int) -> None:
+        """Called by ``engine.configure`` before :meth:`device_bytes`, with the cell's budget: a strategy that keeps
+        something of a size it can choose on the device (a draft's precision) chooses it here. The default keeps
+        what the options say."""
+
     def device_bytes(self, engine: "Engine") -> int:
         """Bytes the strategy keeps on the device outside the expert cache (a draft, buffers). Charged to the
         budget: the cache gets ``budget - device_bytes``."""

@@ -85,6 +85,9 @@ class SpeculativeDecoding(Strategy):
     version = "2"
     uses_calibration = True
     draft_defaults: dict = {}  # QuantSpec defaults of this strategy
+    # bit widths tried in order, when the options do not name ``bits``, where the default draft does not fit the
+    # budget or is not below the target's bits (:meth:`draft_spec_for`); empty: the default or a refusal
+    draft_fallback_bits: tuple[int, ...] = ()
     dense_bits_default = 16  # the draft's attention, shared experts and head: 16 = the target's own weights
     k_candidates: tuple[int, ...] = (1, 2, 3, 4, 6, 8)  # K profiled on calibration prompts when k=auto
     profile_tokens = 16
@@ -133,11 +136,37 @@ class SpeculativeDecoding(Strategy):
         cls.dense_spec_of(options)
 
     @classmethod
-    def check_budget(cls, engine, budget_bytes: int, options: dict) -> None:
-        """Refuse, in one line naming the smallest budget that works, a budget that cannot hold the draft plus
-        the experts one forward needs."""
+    def draft_candidates(cls, options: dict) -> list[QuantSpec]:
+        """The draft specs this strategy may run, preferred first: the one the options name, then — only when they
+        name neither ``bits`` nor ``quantizer`` — the same format at each of :attr:`draft_fallback_bits`."""
         spec = QuantSpec.from_options(options, **cls.draft_defaults)
-        check_draft_below(engine.precision, spec, cls.name)
+        if "bits" in options or "quantizer" in options:  # a format the user chose: that one or a refusal
+            return [spec]
+        return [spec] + [QuantSpec.from_options({**options, "bits": b}, **cls.draft_defaults)
+                         for b in cls.draft_fallback_bits if b != spec.bits]
+
+    @classmethod
+    def draft_spec_for(cls, engine, budget_bytes: int, options: dict) -> QuantSpec | None:
+        """The first candidate draft below the target's bits whose bytes, with its dense copy, leave the budget room
+        for the experts one forward needs (None: none does)."""
+        dense_bytes = dense_quantized_bytes(engine, cls.dense_spec_of(options))
+        for spec in cls.draft_candidates(options):
+            below = engine.precision.expert_bits >= 16 or spec.bits < engine.precision.expert_bits
+            if below and quantized_bytes(engine, spec) + dense_bytes + engine.min_budget_bytes() <= budget_bytes:
+                return spec
+        return None
+
+    @classmethod
+    def check_budget(cls, engine, budget_bytes: int, options: dict) -> None:
+        """Refuse, in one line naming the smallest budget that works, a budget that cannot hold the draft (the
+        smallest fallback where the options leave the bits open) plus the experts one forward needs."""
+        if cls.draft_spec_for(engine, budget_bytes, options) is not None:
+            return
+        candidates = cls.draft_candidates(options)
+        below = [s for s in candidates
+                 if engine.precision.expert_bits >= 16 or s.bits < engine.precision.expert_bits]
+        check_draft_below(engine.precision, (below or candidates)[-1], cls.name)
+        spec = below[-1]
         dense = cls.dense_spec_of(options)
         draft = quantized_bytes(engine, spec) + dense_quantized_bytes(engine, dense)
         need = draft + engine.min_budget_bytes()
@@ -159,6 +188,12 @@ class SpeculativeDecoding(Strategy):
         self.request_id = ""
 
     # ---- setup -------------------------------------------------------------------------------------
+    def fit_budget(self, engine, budget_bytes: int) -> None:
+        """The draft this cell runs: the preferred one where the budget holds it, else the first fallback that fits
+        (``draft_fallback_bits``; the row's ``draft_quant`` names it). Nothing fits: the preferred one, which
+        ``configure`` then refuses in one line."""
+        self.spec = self.draft_spec_for(engine, budget_bytes, self.options) or self.draft_candidates(self.options)[0]
+
     def device_bytes(self, engine):
         return self.draft_bytes(engine)
 

@@ -70,6 +70,7 @@ class Governor:
         self.draft_step_s: float | None = None
         self.miss_xy, self.miss_xx = 0.0, 0.0  # least squares of residual seconds on misses
         self.prior_miss_s = 0.0
+        self.plan_slots: int | None = None  # slots the plan may copy into (its transients' room); None: the cache
         self.log: list[tuple[int, float, float]] = []  # (K, predicted s, realised s) per window taken
         self.ratio: dict[int, tuple[float, float]] = {}  # K -> (Σ realised s, Σ model s): the model's bias at K
 
@@ -178,7 +179,10 @@ class Governor:
         draft_s = k * (self.draft_step_s if self.draft_step_s is not None else costs.draft_step_s())
         planned = 0.0
         if k and self.plan:
-            per_layer_room = max(0.0, s.slots / s.moe_layers - u * hit)
+            if self.plan_slots is None:
+                per_layer_room = max(0.0, s.slots / s.moe_layers - u * hit)
+            else:  # the plan copies into transients' room only: the residents' slots are not its to fill
+                per_layer_room = self.plan_slots / s.moe_layers
             link_per_layer = draft_s / costs.copy_s() / s.moe_layers if costs.copy_s() > 0 else float("inf")
             planned = min(uncached * self.recall_sum / self.recall_n, per_layer_room, link_per_layer)
         misses = s.moe_layers * max(0.0, uncached - planned)

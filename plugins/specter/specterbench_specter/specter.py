@@ -10,7 +10,8 @@ tokens in one pass. On top of the artifact:
   cache (so a budget where speculation does not pay falls back to plain offloaded decoding);
 - **hybrid verification**: an expert the verification misses is computed on the host CPU when that is
   predicted to finish first, counting the host's own queue against the link's;
-- **a smaller draft**: routed experts at 3 bits, group 128, by default (``--set specter.bits=4`` etc.).
+- **a low-bit draft**: routed experts at 4 bits, group 128, on torch's int4 kernel, by default; at 3 bits where the
+  budget cannot hold the 4-bit one (``--set specter.bits=3`` etc. fixes it).
 
 Room is made by evicting transients the window does not need ahead (least recently used first), then residents it
 does not need ahead (least popular first), then predicted ones of layers the verification has passed, then the one
@@ -21,7 +22,7 @@ sampled decoding.
 from __future__ import annotations
 
 import heapq
-
+import math
 import statistics
 
 import torch
@@ -62,7 +63,10 @@ class Specter(SpeculativeDecoding):
     version = "3"
     description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
                    "governor, 0..32), its routing plans the prefetch, misses run on the host when faster")
-    draft_defaults = {"quantizer": "int", "bits": 3, "blocksize": 128}
+    # the draft's routed experts at 4 bits, group 128, on torch's int4 kernel; where the budget cannot hold that
+    # draft (or the target's experts are not above 4 bits) at 3 bits, dequantized per step (no kernel)
+    draft_defaults = {"quantizer": "int", "bits": 4, "blocksize": 128}
+    draft_fallback_bits = (3,)
     dense_bits_default = 8  # the draft's attention, shared experts and head as int8 per channel, run by torch's int8
     # weight-only matmul (int4 costs acceptance here; ``dense_quantizer=int``: the earlier int8/g64, dequantized)
 
@@ -188,14 +192,21 @@ class Specter(SpeculativeDecoding):
 
     def draft_loses(self, spec_per_token_s: float, costs) -> bool:
         """Whether speculation, by the realised time per emitted token of the recent windows with the draft (its
-        forecast before there are enough), is not ``RELEASE_MARGIN`` cheaper than plain decoding without it."""
+        forecast before there are enough), is not ``RELEASE_MARGIN`` cheaper than plain decoding without it. The
+        realised figure is read at one standard error below its estimate: accepted runs are bursty (a window of
+        K = 28 emits 1 to 29 tokens), so a few short windows in a row must not drop a draft that pays on average —
+        one that loses by more than its noise still goes within a few windows."""
         recent = self.recent_windows[-self.RECENT:]
         if len(recent) >= 3:
-            spec_per_token_s = sum(s for s, _ in recent) / sum(n for _, n in recent)
-            self.spec_realised_ms = spec_per_token_s * 1e3
+            seconds, tokens = sum(s for s, _ in recent), sum(n for _, n in recent)
+            estimate = seconds / tokens
+            m = len(recent)  # the ratio estimator's standard error, from the windows' residuals
+            se = math.sqrt(sum((s - estimate * n) ** 2 for s, n in recent) / (m * (m - 1))) / (tokens / m)
+            self.spec_realised_ms = estimate * 1e3
+            spec_per_token_s = estimate - se
         return spec_per_token_s * (1 + self.RELEASE_MARGIN) > self.plain_without_draft_s(costs)
 
-    RECENT = 8  # speculative windows whose realised time per token the release decision reads
+    RECENT = 16  # speculative windows whose realised time per token the release decision reads
     spec_realised_ms = None
 
     def plain_without_draft_s(self, costs) -> float:
@@ -230,6 +241,8 @@ class Specter(SpeculativeDecoding):
 
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
+        cache = self.engine.cache
+        self.governor.plan_slots = self.slots - sum(1 for key in self.residents if key in cache)
         self.window_in_tail = remaining <= max(self.governor.choices) + 1
         costs = self.window_costs(remaining)
         if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are

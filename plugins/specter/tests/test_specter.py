@@ -185,6 +185,50 @@ def test_budget_too_small_for_the_draft_states_the_minimum():
         configure(engine, Specter(bits=8), 0.3)
 
 
+def test_specter_drafts_at_4_bits_and_falls_back_to_3_where_only_that_fits():
+    """The default draft is int4/g128; a budget that cannot hold it (but holds the int3 one) runs the int3 draft,
+    charged as such; naming the bits turns the fallback off (a one-line refusal instead)."""
+    engine = engine_for()
+    need = {b: quantized_bytes(engine, Specter(bits=b).spec) + engine.min_budget_bytes() for b in (3, 4)}
+    from specterbench.engine.draft import dense_quantized_bytes
+    dense = dense_quantized_bytes(engine, Specter.dense_spec_of({}))
+    assert need[3] < need[4]
+    roomy, tight = need[4] + dense + engine.expert_bytes, need[3] + dense + 1
+    assert tight < need[4] + dense
+    for budget, bits in ((roomy, 4), (tight, 3)):
+        strategy = Specter()
+        configure_bytes(engine, strategy, budget)
+        assert strategy.spec.bits == bits and strategy.draft.spec.bits == bits
+        assert engine.cache.capacity_bytes == budget - quantized_bytes(engine, strategy.spec) - dense
+        Specter.check_budget(engine, budget, {})
+    strategy = Specter()
+    strategy.fit_budget(engine, tight)  # what configure asks first, with the cell's budget
+    assert strategy.spec.bits == 3 and strategy.device_bytes(engine) == need[3] - engine.min_budget_bytes() + dense
+    with pytest.raises(BudgetError, match=r"smallest budget that works is") as err:
+        Specter.check_budget(engine, tight, {"bits": 4})
+    assert "\n" not in str(err.value)
+    with pytest.raises(BudgetError, match=r"int3/g128"):  # below even the fallback: the fallback's minimum named
+        Specter.check_budget(engine, need[3] - 1, {})
+
+
+def test_specter_drafts_below_a_quantized_target():
+    """A 4-bit target: the default int4 draft is not below it, so the int3 one drafts; 3 named bits at a 3-bit
+    target refuse in one line."""
+    from specterbench.engine.precision import Precision
+
+    for bits in (4, 3):
+        engine = engine_for()
+        engine.set_precision(Precision.parse(bits, 16))
+        roomy = 10 * engine.total_expert_bytes  # the tiny model's draft outweighs its packed experts: no byte limit
+        if bits == 4:
+            assert Specter.draft_spec_for(engine, roomy, {}).bits == 3
+            assert Specter.draft_spec_for(engine, roomy, {"bits": 4}) is None
+        else:
+            with pytest.raises(UsageError, match="not below the target's 3-bit experts") as err:
+                Specter.check_budget(engine, roomy, {})
+            assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("decode", [GREEDY, SAMPLED], ids=["greedy", "sample"])
 @pytest.mark.parametrize("family", TINY_FAMILIES)
 def test_the_speculative_strategies_are_lossless_on_every_family(host, small_prompts, tmp_path, family, decode):
@@ -282,13 +326,34 @@ def test_a_draft_that_loses_to_plain_decoding_is_dropped_during_the_run():
     assert engine.cache.capacity_bytes == int(0.6 * engine.total_expert_bytes)
 
 
+def test_a_stretch_of_short_windows_does_not_drop_a_draft_that_pays():
+    """The release reads the recent windows' realised time per token one standard error below its estimate: bursty
+    accepted runs (1 to 29 tokens from one window) that pay on average keep the draft; a draft that loses beyond its
+    noise still goes."""
+    engine = engine_for()
+    engine.geometry = project(engine.own_geometry, "mixtral")
+    strategy = Specter()
+    configure(engine, strategy, 0.6)
+    strategy.calibration_counts = [1] * (engine.num_layers * engine.num_experts)
+    costs = strategy.window_costs(100)
+    plain = strategy.plain_without_draft_s(costs)
+    window = 10 * plain  # one window's seconds, whatever it emits
+    bursty = [29, 2, 3, 25, 1, 2, 27, 4]  # 93 tokens in 8 windows: 0.86 x plain per token
+    strategy.recent_windows = [(window, n) for n in bursty[:5]] + [(window, n) for n in (1, 2, 2)]  # a bad stretch
+    estimate = sum(s for s, _ in strategy.recent_windows) / sum(n for _, n in strategy.recent_windows)
+    assert estimate * (1 + Specter.RELEASE_MARGIN) > plain  # the old rule (the estimate alone) would drop it
+    assert not strategy.draft_loses(0.0, costs)
+    strategy.recent_windows = [(window, n) for n in (8, 9, 8, 9, 8, 9, 8, 9)]  # steadily 1.18 x plain per token
+    assert strategy.draft_loses(0.0, costs)
+
+
 def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
     """Each eviction looks at a few entries (its transients' heap, the least popular residents), not the cache."""
     from specterbench.engine.cache import Candidates
     from specterbench.engine.models import routing_geometry_random
 
     engine = Engine(routing_geometry_random("qwen1.5-moe", hidden=32), name="qwen-geometry")  # 60 × 24 experts
-    strategy = Specter(k=4)
+    strategy = Specter(k=4, bits=3)  # the small draft: the cache keeps hundreds of experts
     configure(engine, strategy, 0.5)
     prompt = tuple(range(3, 19))
     counts = engine.start_recording()
