@@ -143,6 +143,25 @@ def test_report_of_each_stand_in_lists_every_metric(name):
     assert "routed experts removed" in realism.format_fidelity(rep)
 
 
+
+@pytest.mark.parametrize("name", embedded.EMBEDDED_MODELS)
+def test_the_shipped_fidelity_rows_were_measured_with_the_current_draft(name):
+    """realism.json (and the card written from it) ships measured figures: its draft-fidelity block must name the
+    dense copy the code builds now and the calibration the model carries, or it is stale (regenerate it with
+    ``card.write_card``)."""
+    import json
+
+    from specterbench.embedded.fidelity import load_calibration
+
+    directory = embedded.model_dir(name)
+    fid = json.loads((directory / "realism.json").read_text())["fidelity"]
+    cal = load_calibration(directory)
+    scales = (cal.error_scale, cal.head_error_scale) if cal is not None else (1.0, 1.0)
+    assert (fid["error_scale"], fid["head_error_scale"]) == scales
+    setup = realism.fidelity_setup(*scales)
+    assert fid.get("dense") == setup["dense"]
+    assert {key: row["label"] for key, row in fid["drafts"].items()} == setup["labels"]
+
 def test_bad_decode_option_is_one_line_and_exit_2_before_any_model_loads(capsys, monkeypatch):
     monkeypatch.setattr(realism, "report", lambda *a, **k: pytest.fail("a model was loaded"))
     assert realism.main(["--model", embedded.EMBEDDED_MODELS[0], "--temperature", "0"]) == 2

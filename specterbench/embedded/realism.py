@@ -235,7 +235,30 @@ def measure(model, tokenizer, name: str, stand_for: str | None, seq_len: int, de
 
 #: the drafts of the fidelity rows: routed experts at these specs, everything else in Specter's dense copy
 FIDELITY_DRAFTS = (4, 3, 2)
+FIDELITY_BLOCKSIZE = 128
 FIDELITY_DENSE_BITS = 8
+
+
+def fidelity_dense():
+    """The dense copy the fidelity rows are measured with: Specter's default at :data:`FIDELITY_DENSE_BITS`."""
+    from specterbench.engine.draft import dense_spec
+
+    return dense_spec(FIDELITY_DENSE_BITS)
+
+
+def fidelity_setup(error_scale: float, head_error_scale: float) -> dict:
+    """What the fidelity rows were measured with, as the report records it: the dense copy's format and each draft's
+    label at the model's calibration (``error_scale`` on the routed experts, ``head_error_scale`` on the head). A
+    shipped ``realism.json`` whose record differs from the code's was measured with another draft: regenerate it."""
+    from specterbench.engine.draft import QuantSpec
+
+    dense = fidelity_dense()
+    head = f" (head calibrated ×{head_error_scale:g})" if head_error_scale != 1.0 else ""
+    labels = {f"int{bits}/g{FIDELITY_BLOCKSIZE}":
+              f"{QuantSpec(bits=bits, blocksize=FIDELITY_BLOCKSIZE, quantizer='int', error_scale=error_scale).label()}"
+              f" + dense {dense.label()}{head}" for bits in FIDELITY_DRAFTS}
+    return {"dense": {"bits": dense.bits, "quantizer": dense.quantizer, "blocksize": dense.blocksize},
+            "labels": labels}
 
 
 def fidelity_rows(model, tokenizer, seq_len: int, size: ReportSize = DEFAULT_SIZE, draft: bool = True) -> dict:
@@ -244,13 +267,15 @@ def fidelity_rows(model, tokenizer, seq_len: int, size: ReportSize = DEFAULT_SIZ
     copy at the model's draft-fidelity calibration; each with its checks (:data:`fidelity.INT4_BANDS`,
     :data:`fidelity.REMOVED_MAX`, int2 < int3 < int4)."""
     from specterbench.embedded import fidelity
-    from specterbench.engine.draft import QuantSpec, dense_spec, model_error_scale, model_head_error_scale
+    from specterbench.engine.draft import QuantSpec, model_error_scale, model_head_error_scale
 
     windows = fidelity.text_windows(tokenizer, max(1, size.draft_windows), seq_len)
     removed = fidelity.agreement(model, fidelity.without_routed_experts(model), windows)
-    out = {"windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]),
-           "error_scale": model_error_scale(model), "head_error_scale": model_head_error_scale(model),
-           "experts_removed": asdict(removed), "drafts": {}, "checks": {}}
+    scale, head = model_error_scale(model), model_head_error_scale(model)
+    setup = fidelity_setup(scale, head)
+    out = {"windows": int(windows.shape[0]), "seq_len": int(windows.shape[1]), "error_scale": scale,
+           "head_error_scale": head, "dense": setup["dense"], "experts_removed": asdict(removed), "drafts": {},
+           "checks": {}}
     checks = out["checks"]
     for key in ("greedy", "sampled"):
         value = getattr(removed, key)
@@ -258,13 +283,12 @@ def fidelity_rows(model, tokenizer, seq_len: int, size: ReportSize = DEFAULT_SIZ
                                     "ok": bool(value <= fidelity.REMOVED_MAX)}
     if not draft:
         return out
-    dense = dense_spec(FIDELITY_DENSE_BITS)
+    dense = fidelity_dense()
     for bits in FIDELITY_DRAFTS:
-        spec = QuantSpec(bits=bits, blocksize=128, quantizer="int").for_model(model)
+        spec = QuantSpec(bits=bits, blocksize=FIDELITY_BLOCKSIZE, quantizer="int", error_scale=scale)
         row = fidelity.agreement(model, fidelity.draft_copy(model, spec, dense), windows)
-        head = model_head_error_scale(model)
-        label = f"{spec.label()} + dense {dense.label()}" + (f" (head calibrated ×{head:g})" if head != 1.0 else "")
-        out["drafts"][f"int{bits}/g128"] = {"label": label, **asdict(row)}
+        key = f"int{bits}/g{FIDELITY_BLOCKSIZE}"
+        out["drafts"][key] = {"label": setup["labels"][key], **asdict(row)}
     out["checks"] = {**checks, **draft_checks(out["drafts"])}
     return out
 
