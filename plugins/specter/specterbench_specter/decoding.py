@@ -146,15 +146,18 @@ class SpeculativeDecoding(Strategy):
                          for b in cls.draft_fallback_bits if b != spec.bits]
 
     @classmethod
+    def drafts_below_target(cls, engine, options: dict) -> list[QuantSpec]:
+        """The candidate drafts at fewer bits than the target's experts (all of them for a 16-bit target)."""
+        bits = engine.precision.expert_bits
+        return [s for s in cls.draft_candidates(options) if bits >= 16 or s.bits < bits]
+
+    @classmethod
     def draft_spec_for(cls, engine, budget_bytes: int, options: dict) -> QuantSpec | None:
         """The first candidate draft below the target's bits whose bytes, with its dense copy, leave the budget room
         for the experts one forward needs (None: none does)."""
         dense_bytes = dense_quantized_bytes(engine, cls.dense_spec_of(options))
-        for spec in cls.draft_candidates(options):
-            below = engine.precision.expert_bits >= 16 or spec.bits < engine.precision.expert_bits
-            if below and quantized_bytes(engine, spec) + dense_bytes + engine.min_budget_bytes() <= budget_bytes:
-                return spec
-        return None
+        return next((spec for spec in cls.drafts_below_target(engine, options)
+                     if quantized_bytes(engine, spec) + dense_bytes + engine.min_budget_bytes() <= budget_bytes), None)
 
     @classmethod
     def check_budget(cls, engine, budget_bytes: int, options: dict) -> None:
@@ -162,10 +165,8 @@ class SpeculativeDecoding(Strategy):
         smallest fallback where the options leave the bits open) plus the experts one forward needs."""
         if cls.draft_spec_for(engine, budget_bytes, options) is not None:
             return
-        candidates = cls.draft_candidates(options)
-        below = [s for s in candidates
-                 if engine.precision.expert_bits >= 16 or s.bits < engine.precision.expert_bits]
-        check_draft_below(engine.precision, (below or candidates)[-1], cls.name)
+        below = cls.drafts_below_target(engine, options)
+        check_draft_below(engine.precision, (below or cls.draft_candidates(options))[-1], cls.name)
         spec = below[-1]
         dense = cls.dense_spec_of(options)
         draft = quantized_bytes(engine, spec) + dense_quantized_bytes(engine, dense)

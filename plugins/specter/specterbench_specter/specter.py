@@ -157,6 +157,7 @@ class Specter(SpeculativeDecoding):
     residents: frozenset = frozenset()
     popularity: dict = {}  # (layer, expert) -> rank in the calibration counts (0: most used); empty: no calibration
     residents_by_unpopularity: tuple = ()
+    window_residents: dict = {}  # layer -> {expert, ...}: the residents cached as the window started
     parked = ()  # transients' heap entries set aside while the window predicts them
     draft_released = False
     plain_forecast_ms = spec_forecast_ms = None
@@ -242,7 +243,9 @@ class Specter(SpeculativeDecoding):
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
         cache = self.engine.cache
-        self.governor.plan_slots = self.slots - sum(1 for key in self.residents if key in cache)
+        self.window_residents = by_layer(key for key in self.residents if key in cache)  # cached as the window starts
+        self.residents_cached = sum(map(len, self.window_residents.values()))
+        self.governor.plan_slots = self.slots - self.residents_cached
         self.window_in_tail = remaining <= max(self.governor.choices) + 1
         costs = self.window_costs(remaining)
         if self.k_option != "auto":  # a fixed depth: still forecast, so the row shows how good forecasts are
@@ -276,6 +279,9 @@ class Specter(SpeculativeDecoding):
         self.step_tokens = n_tokens
 
     def end_window(self, k, emitted, window_s):
+        if k and self.residents_cached:  # before the base class ends the window: its verification routing
+            used = sum(len(t & self.window_residents.get(l, frozenset())) for l, t in self.window_target.items())
+            self.resident_use.append(used / self.residents_cached)
         super().end_window(k, emitted, window_s)
         if k:
             self.governor.observe_acceptance(k, self.accepted_lengths[-1])
@@ -433,9 +439,18 @@ class Specter(SpeculativeDecoding):
     def predicted(self):
         return by_layer(self.planner.planned)
 
+    residents_cached = 0
+
+    def reset_metrics(self):
+        super().reset_metrics()
+        self.resident_use: list[float] = []
+
     def metrics(self):
         m = super().metrics()
         g = self.governor
+        # what a slot holding a calibration resident is worth to a window, beside expert_precision (what a slot
+        # holding one of the plan's copies is worth): the lookahead can add hits only where the second is higher
+        m["resident_use"] = round(statistics.mean(self.resident_use), 4) if self.resident_use else None
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
                   "speculative_forecast_ms_per_token": self.spec_forecast_ms,
                   "speculative_realised_ms_per_token": self.spec_realised_ms})

@@ -161,6 +161,28 @@ def test_plan_copies_never_displace_residents():
     assert set(engine.cache.slots) == before and not strategy.planner.issued  # no resident gave its slot
 
 
+def test_resident_use_is_the_share_of_cached_residents_a_verification_reads():
+    """``resident_use`` (beside ``expert_precision``, the plan's copies' use) is what a resident's slot is worth to
+    a window: the residents cached as the window starts that its verification routed to, over those cached."""
+    engine = engine_for()
+    strategy = Specter(k=3)
+    configure(engine, strategy, 0.8)
+    strategy.residents = {(0, 0), (0, 1), (1, 2), (1, 3)}
+    strategy.residents_by_unpopularity = sorted(strategy.residents)
+    for key in sorted(strategy.residents - {(1, 3)}):  # (1, 3) a resident given up earlier: not cached
+        assert engine.prefetch(key).name == "QUEUED"
+    engine.clock.settle()
+    strategy.k_option = 3
+    assert strategy.choose_k(10) == 3 and strategy.residents_cached == 3
+    strategy.begin_window(3)
+    strategy.before_verify()
+    strategy.before_layer(0, [0, 5], [2, 2])  # reads resident (0, 0), not (0, 1)
+    strategy.before_layer(1, [2, 3], [3, 1])  # reads (1, 2), and (1, 3), which was not cached
+    strategy.accepted_lengths.append(1)  # what the window's acceptance step records
+    strategy.end_window(3, 2, 1.0)
+    assert strategy.metrics()["resident_use"] == round(2 / 3, 4)
+
+
 @pytest.mark.parametrize("cls, options, match", [
     (Specter, {"k": 33}, r"k=33 is out of range: use 'auto' or an integer from 0 to 32"),
     (Specter, {"k": "x"}, "out of range"),
