@@ -157,7 +157,7 @@ class Specter(SpeculativeDecoding):
     residents: frozenset = frozenset()
     popularity: dict = {}  # (layer, expert) -> rank in the calibration counts (0: most used); empty: no calibration
     residents_by_unpopularity: tuple = ()
-    window_residents: dict = {}  # layer -> {expert, ...}: the residents cached as the window started
+    residents_read = 0  # residents the window's verification read from the cache
     parked = ()  # transients' heap entries set aside while the window predicts them
     draft_released = False
     plain_forecast_ms = spec_forecast_ms = None
@@ -243,8 +243,8 @@ class Specter(SpeculativeDecoding):
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
         cache = self.engine.cache
-        self.window_residents = by_layer(key for key in self.residents if key in cache)  # cached as the window starts
-        self.residents_cached = sum(map(len, self.window_residents.values()))
+        self.residents_cached = sum(1 for key in self.residents if key in cache)  # as the window starts
+        self.residents_read = 0
         self.governor.plan_slots = self.slots - self.residents_cached
         self.window_in_tail = remaining <= max(self.governor.choices) + 1
         costs = self.window_costs(remaining)
@@ -279,9 +279,8 @@ class Specter(SpeculativeDecoding):
         self.step_tokens = n_tokens
 
     def end_window(self, k, emitted, window_s):
-        if k and self.residents_cached:  # before the base class ends the window: its verification routing
-            used = sum(len(t & self.window_residents.get(l, frozenset())) for l, t in self.window_target.items())
-            self.resident_use.append(used / self.residents_cached)
+        if k and self.residents_cached:
+            self.resident_use.append(self.residents_read / self.residents_cached)
         super().end_window(k, emitted, window_s)
         if k:
             self.governor.observe_acceptance(k, self.accepted_lengths[-1])
@@ -324,6 +323,8 @@ class Specter(SpeculativeDecoding):
         if self.verifying or plain:
             cache, issued = self.engine.cache, self.planner.issued
             keys = [(layer, e) for e in experts]
+            if self.verifying:
+                self.residents_read += sum(1 for k in keys if k in cache and k in self.residents)
             before = sum(1 for k in keys if k in cache and k not in issued)
             predicted = sum(1 for k in keys if k in issued)
             n = self.window_k + 1
