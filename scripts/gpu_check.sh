@@ -17,7 +17,7 @@
 # What the image lacks comes from the git-ignored folder $WHEELS (default .wheels/, filled on a machine with a network
 # by scripts/min_transformers.sh and `pip download --no-deps -d .wheels <package>`), installed --no-deps --no-index.
 # bitsandbytes' CUDA wheel is too large to carry (the device tool moves 64 MiB): the bnb tests skip, Specter's
-# default draft (int3/g128) does not need it.
+# default draft (int4/g128 on torch's int4 kernel, int3/g128 where the budget cannot hold it) does not need it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/gpu-check}
