@@ -157,7 +157,8 @@ class Specter(SpeculativeDecoding):
     residents: frozenset = frozenset()
     popularity: dict = {}  # (layer, expert) -> rank in the calibration counts (0: most used); empty: no calibration
     residents_by_unpopularity: tuple = ()
-    residents_read = 0  # residents the window's verification read from the cache
+    residents_read = 0  # of the residents cached as the window started, those its verification routed to
+    window_residents: frozenset = frozenset()
     parked = ()  # transients' heap entries set aside while the window predicts them
     draft_released = False
     plain_forecast_ms = spec_forecast_ms = None
@@ -243,8 +244,8 @@ class Specter(SpeculativeDecoding):
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
         cache = self.engine.cache
-        self.residents_cached = sum(1 for key in self.residents if key in cache)  # as the window starts
-        self.residents_read = 0
+        self.window_residents = {key for key in self.residents if key in cache}  # cached as the window starts
+        self.residents_cached, self.residents_read = len(self.window_residents), 0
         self.governor.plan_slots = self.slots - self.residents_cached
         self.window_in_tail = remaining <= max(self.governor.choices) + 1
         costs = self.window_costs(remaining)
@@ -324,7 +325,7 @@ class Specter(SpeculativeDecoding):
             cache, issued = self.engine.cache, self.planner.issued
             keys = [(layer, e) for e in experts]
             if self.verifying:
-                self.residents_read += sum(1 for k in keys if k in cache and k in self.residents)
+                self.residents_read += sum(1 for k in keys if k in self.window_residents)
             before = sum(1 for k in keys if k in cache and k not in issued)
             predicted = sum(1 for k in keys if k in issued)
             n = self.window_k + 1

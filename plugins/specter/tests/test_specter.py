@@ -174,10 +174,12 @@ def test_resident_use_is_the_share_of_cached_residents_a_verification_reads():
     engine.clock.settle()
     strategy.k_option = 3
     assert strategy.choose_k(10) == 3 and strategy.residents_cached == 3
+    assert engine.prefetch((1, 3)).name == "QUEUED"  # lands during the window: read, but not counted
+    engine.clock.settle()
     strategy.begin_window(3)
     strategy.before_verify()
     strategy.before_layer(0, [0, 5], [2, 2])  # reads resident (0, 0), not (0, 1)
-    strategy.before_layer(1, [2, 3], [3, 1])  # reads (1, 2), and (1, 3), which was not cached
+    strategy.before_layer(1, [2, 3], [3, 1])  # reads (1, 2), and (1, 3), not cached as the window started
     strategy.accepted_lengths.append(1)  # what the window's acceptance step records
     strategy.end_window(3, 2, 1.0)
     assert strategy.metrics()["resident_use"] == round(2 / 3, 4)
