@@ -341,5 +341,42 @@ def test_a_draft_steps_routed_experts_dequantize_together(geometry):
     grouped, groups = draft._compute(1, silu, x, idx, w)
     one_by_one = draft._compute_loop(1, silu, x, groups)
     assert torch.allclose(grouped, one_by_one, rtol=1e-5, atol=1e-6 * float(one_by_one.abs().max()))
-    assert draft.layer_launches + draft.expert_launches <= 40  # one chunk: 33 launches per expert one at a time
+    assert draft.expert_launches == 0  # both projections dequantized: nothing is launched once per expert
+    assert draft.layer_launches + draft.chunk_launches <= 40  # one chunk: 33 launches per expert one at a time
     assert draft.fused_op([1] * k).launches == draft.fused_op([1]).launches
+
+
+@pytest.mark.parametrize("geometry", ["qwen1.5-moe", "deepseek-v2-lite"])
+def test_an_int4_draft_groups_the_projection_its_kernel_does_not_take(geometry):
+    """At hidden 32 (expert intermediate 16) the int4 draft's down projection has 16-value rows, below the int4
+    kernel's smallest group: gate_up stays on the kernel (one call per expert), down is dequantized for the step's
+    routed experts together — the per-expert path's values, fewer launches than it, the scratch of k down weights
+    allocated as charged, and the launches charged the ones counted."""
+    from specterbench.engine import packing
+    from specterbench.engine.kernels import LaunchCounter
+    from specterbench.engine.models import routing_geometry_random
+
+    if not packing.int4_kernel_works("cpu", torch.float32):
+        pytest.skip("this torch has no CPU int4 weight-only matmul")
+    engine = Engine(routing_geometry_random(geometry, hidden=32), name=geometry)
+    spec = QuantSpec(bits=4, blocksize=128, quantizer="int")
+    draft = QuantizedExperts(engine, spec)
+    k = engine.top_k
+    assert [p.kernel for p in draft.packed[(0, 0)]] == ["int4mm", "dequant"]
+    assert draft.chunk == k and draft.stacks[0][0] is None and draft.stacks[0][1] is not None
+    assert draft.allocated_bytes() == draft.nbytes == quantized_bytes(engine, spec)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 32, generator=gen)
+    idx = torch.randperm(engine.num_experts, generator=gen)[:k].view(1, k)
+    w = torch.softmax(torch.randn(1, k, generator=gen), -1)
+    silu = torch.nn.functional.silu
+    with torch.inference_mode():
+        with LaunchCounter() as grouped_ops:
+            grouped, groups = draft._compute(1, silu, x, idx, w)
+        with LaunchCounter() as loop_ops:
+            one_by_one = draft._compute_loop(1, silu, x, groups)
+    assert torch.allclose(grouped, one_by_one, rtol=1e-5, atol=1e-6 * float(one_by_one.abs().max()))
+    assert grouped_ops.total < loop_ops.total
+    assert draft.expert_launches == 1  # the int4 kernel's call per expert; the rest once per chunk
+    scale = engine.clock.costs.geometry.layer_scale
+    assert draft.fused_op([1] * k).launches == round(grouped_ops.total * scale)

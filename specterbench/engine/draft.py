@@ -13,7 +13,9 @@
 
 The copies hold exactly that on the device: packed codes plus per-group metadata (:mod:`specterbench.engine.packing`),
 computed with torch's int4 weight-only kernel or bitsandbytes' 4-bit gemv where the format has one, otherwise
-dequantized one expert (or one block of rows) at a time into a reused scratch buffer. Bytes — packed values,
+dequantized into a reused scratch buffer — a draft step's routed experts together (the projections of this
+project's ``int``/``hqq`` packing that no low-bit kernel takes, beside a projection that one does), otherwise one
+expert (or one block of rows) at a time. Bytes — packed values,
 metadata and that scratch — are known before quantizing (a budget can be checked first) and are charged to the
 strategy that keeps the copies on the device; :meth:`QuantizedExperts.allocated_bytes` reports the storage really
 held, for the row's ``strategy_device_bytes_allocated``. A copy lives for one cell: :func:`release_drafts` frees
@@ -212,9 +214,13 @@ def _priced_share(engine, elems: float) -> int:
 
 def grouped_dequant(kernels, spec: QuantSpec, shapes) -> bool:
     """Whether a draft step's routed experts are dequantized together (one unpack over the stacked codes of the
-    routed experts, one batched GEMM per projection): both weights dequantized, in a format of this project's
-    packing (``int``, ``hqq``) that stacks; a low-bit kernel or bitsandbytes' own layout runs per expert."""
-    return set(kernels) == {"dequant"} and all(packing.StackedWeights.fits(s, spec) for s in shapes)
+    routed experts, one batched GEMM per dequantized projection): at least one weight dequantized, every dequantized
+    one in a format of this project's packing (``int``, ``hqq``) that stacks. A projection a low-bit kernel runs
+    (int4 at a shape its kernel takes, beside a projection it does not) stays on that kernel, one call per expert;
+    bitsandbytes' own layout, or no dequantized weight at all, runs the per-expert path."""
+    dequantized = [s for k, s in zip(kernels, shapes) if k == "dequant"]
+    return bool(dequantized) and all(packing.StackedWeights.fits(s, spec) for s in dequantized)
+
 
 
 SCRATCH_SHARE = 0.05  # the most of a draft's own bytes a grouped dequantization's scratch may take
@@ -229,7 +235,7 @@ def draft_chunk(engine, spec: QuantSpec, kernels, shapes) -> int:
         return 1
     g = engine.geometry
     draft = spec.bits_per_weight() / 8 * g.num_experts * g.moe_layers * g.expert_params
-    weight = 2 * g.expert_intermediate * g.hidden * g.dtype_bytes  # the larger projection, gate_up [2I, H]
+    weight = _priced_dequantized_elems(g, kernels) * g.dtype_bytes  # the larger dequantized projection
     chunk = min(engine.top_k, int(SCRATCH_SHARE * draft // weight))
     return chunk if chunk > 1 else 1
 
@@ -243,10 +249,16 @@ def expert_scratch_bytes(engine, spec: QuantSpec) -> int:
     kernels = [_kernel_for(w.shape, spec, engine) for w in (gate_up, down)]
     experts = draft_chunk(engine, spec, kernels, (gate_up.shape, down.shape))
     if engine.geometry is not engine.own_geometry:
-        g = engine.geometry
-        return _priced_share(engine, 0 if "dequant" not in kernels else experts * 2 * g.expert_intermediate * g.hidden)
+        return _priced_share(engine, experts * _priced_dequantized_elems(engine.geometry, kernels))
     elems = max(_scratch_elems(w.shape, spec, k) for w, k in zip((gate_up, down), kernels))
     return experts * elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+
+
+def _priced_dequantized_elems(g, kernels) -> int:
+    """At the priced geometry ``g``: values of the larger of an expert's projections that ``kernels`` (gate_up's,
+    down's, as the stand-in runs them) dequantize — gate_up [2I, H], down [H, I]; 0 where a low-bit kernel runs both."""
+    sizes = (2 * g.expert_intermediate * g.hidden, g.hidden * g.expert_intermediate)
+    return max((n for k, n in zip(kernels, sizes) if k == "dequant"), default=0)
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -546,8 +558,10 @@ class QuantizedExperts:
 
     Each expert's ``gate_up`` [2I, H] and ``down`` [H, I] are :class:`~specterbench.engine.packing.PackedWeight`s:
     int4 (group 32-256) runs torch's int4 weight-only matmul, bitsandbytes 4-bit on CUDA its gemv, every other
-    format is dequantized one weight at a time into one reused scratch buffer of the largest expert weight. Each
-    call records the experts it routed to, so a strategy can read the draft's routing.
+    weight is dequantized into one reused scratch buffer: for a draft step (one token), where :func:`draft_chunk`
+    allows, the step's routed experts' weights of that projection together (:attr:`stacks`), a projection on a
+    low-bit kernel beside it called once per expert; otherwise one weight at a time. Each call records the experts
+    it routed to, so a strategy can read the draft's routing.
     """
 
     def __init__(self, engine, spec: QuantSpec):
@@ -561,12 +575,15 @@ class QuantizedExperts:
                                                           engine.compute_dtype)
                                      for w in pair)
         first = self.packed[next(iter(self.packed))]
-        self.stacks: dict = {}  # layer -> (gate_up, down) StackedWeights: a step's routed experts dequantized together
+        # layer -> (gate_up, down): each a StackedWeights where that projection is dequantized (a step's routed
+        # experts dequantized together), None where a low-bit kernel runs it (one call per expert)
+        self.stacks: dict = {}
         self.chunk = draft_chunk(engine, spec, [p.kernel for p in first], [p.shape for p in first])
         if self.chunk > 1:  # (a chunk of one runs the per-expert path: fewer launches than a stacked one)
             for layer in range(engine.num_layers):
                 pairs = [self.packed[(layer, e)] for e in range(engine.num_experts)]
-                self.stacks[layer] = tuple(packing.StackedWeights([p[j] for p in pairs]) for j in (0, 1))
+                self.stacks[layer] = tuple(packing.StackedWeights([p[j] for p in pairs])
+                                           if first[j].kernel == "dequant" else None for j in (0, 1))
         elems = max(p.scratch_elems() for p in first) * self.chunk
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
         self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft
@@ -581,16 +598,16 @@ class QuantizedExperts:
         # with: the packed bytes, plus a 16-bit write and read of the scratch where a weight is dequantized
         self.bytes_ratio = self.stored_ratio + 2 * self.dequantized
         self.routing: list[tuple[int, list[int], list[int]]] = []  # (layer, experts, tokens per expert)
-        self.layer_launches, self.expert_launches = self._count_launches()
+        self.layer_launches, self.chunk_launches, self.expert_launches = self._count_launches()
 
     def allocated_bytes(self) -> int:
         """Storage bytes of every tensor this copy holds on its device, scratch and unpacking tables included."""
         if not self.packed:
             return 0  # released
-        if self.stacks:  # every weight a view of its layer's stacks: count the stacks once
-            held = sum(w.nbytes() for pair in self.stacks.values() for w in pair)
-        else:
-            held = sum(p.nbytes() for pair in self.packed.values() for p in pair)
+        held = sum(p.nbytes() for pair in self.packed.values() for j, p in enumerate(pair)
+                   if not self.stacks or self.stacks[0][j] is None)  # a kernel's own weights
+        # a stacked projection's weights are views of their layer's stack: count the stacks once
+        held += sum(w.nbytes() for pair in self.stacks.values() for w in pair if w is not None)
         return held + packing.storage_bytes(self.scratch) + packing.unpack_table_bytes(self.spec.bits)
 
     def release(self) -> None:
@@ -610,7 +627,7 @@ class QuantizedExperts:
     def _compute(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # -> [T, H], TokenGroups
         groups = group_tokens(top_k_index, top_k_weights, self.engine.num_experts)
         if self.stacks and hidden.shape[0] == 1:  # a draft step: its k experts dequantized and multiplied together
-            return self._compute_grouped(layer, act_fn, hidden, top_k_index, top_k_weights), groups
+            return self._compute_grouped(layer, act_fn, hidden, top_k_index, top_k_weights, groups.ids[0]), groups
         return self._compute_loop(layer, act_fn, hidden, groups), groups
 
     def _compute_loop(self, layer, act_fn, hidden, groups):  # [T, H] -> [T, H]: one expert at a time
@@ -622,26 +639,38 @@ class QuantizedExperts:
             out.index_add_(0, token_idx, y.to(out.dtype))
         return out
 
-    def _compute_grouped(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [1, H] -> [1, H]
-        """One token's routed experts, in its routing's order: each projection's k weights dequantized into the
-        scratch in one pass over the stacked codes, then one batched GEMM (the scratch is reused for ``down``)."""
+    def _compute_grouped(self, layer, act_fn, hidden, top_k_index, top_k_weights, ids):  # [1, H] -> [1, H]
+        """One token's routed experts (``ids``: their numbers on the host, as the layer's one routing read gave
+        them), in its routing's order: a dequantized projection's k weights dequantized into the scratch in one pass
+        over the stacked codes, then one batched GEMM (the scratch is reused for ``down``); a projection a low-bit
+        kernel runs, that kernel once per expert, the results stacked for the other projection's batched GEMM."""
         gate_up, down = self.stacks[layer]
         out, h = None, hidden.shape[1]
         for lo in range(0, top_k_index.shape[1], self.chunk):  # chunks of the routed experts (distinct)
             experts = top_k_index[0, lo:lo + self.chunk]  # [c]
             c = experts.shape[0]
-            x = hidden.expand(c, h).unsqueeze(1)  # [c, 1, H]
-            gate, up = torch.bmm(x, gate_up.dequantize(experts, self.scratch).transpose(1, 2)).chunk(2, dim=-1)
-            y = torch.bmm(act_fn(gate) * up, down.dequantize(experts, self.scratch).transpose(1, 2))  # [c, 1, H]
+            if gate_up is not None:
+                x = hidden.expand(c, h).unsqueeze(1)  # [c, 1, H]
+                gu = torch.bmm(x, gate_up.dequantize(experts, self.scratch).transpose(1, 2))  # [c, 1, 2I]
+            else:
+                gu = torch.stack([self.packed[(layer, e)][0].linear(hidden) for e in ids[lo:lo + c]])  # [c, 1, 2I]
+            gate, up = gu.chunk(2, dim=-1)
+            a = act_fn(gate) * up  # [c, 1, I]
+            if down is not None:
+                y = torch.bmm(a, down.dequantize(experts, self.scratch).transpose(1, 2))  # [c, 1, H]
+            else:
+                y = torch.stack([self.packed[(layer, e)][1].linear(a[i]) for i, e in enumerate(ids[lo:lo + c])])
             part = torch.mm(top_k_weights[:, lo:lo + c].to(y.dtype), y.view(c, h))  # [1, H]
             out = part if out is None else out + part
         return out.to(hidden.dtype)
 
-    def _count_launches(self) -> tuple[int, int]:
-        """(launches once per layer, launches per chunk of :attr:`chunk` experts — per expert where they run one at a
-        time) of :meth:`_compute` for one token, counted on this copy's own kernels under inference mode as the engine
-        runs it (one token routed to one expert, then to ``chunk + 1``: a second chunk, after a call that builds the
-        lazily made unpacking tables): what :meth:`charge_fused` charges, not a typed constant."""
+    def _count_launches(self) -> tuple[int, int, int]:
+        """(launches once per layer, per chunk of :attr:`chunk` experts, per expert) of :meth:`_compute` for one
+        token, counted on this copy's own kernels under inference mode as the engine runs it: one token routed to one
+        expert, to two (one chunk, where a chunk holds two) and to ``chunk + 1`` (a second chunk), after a call that
+        builds the lazily made unpacking tables. Launches a chunk's size changes (a low-bit kernel's projection, one
+        call per expert; every launch of the per-expert path) are per expert; what :meth:`charge_fused` charges, not a
+        typed constant."""
         from specterbench.engine.kernels import LaunchCounter
 
         engine, silu = self.engine, torch.nn.functional.silu
@@ -649,14 +678,19 @@ class QuantizedExperts:
         x = torch.zeros(1, h, dtype=engine.compute_dtype, device=engine.device)  # [1, H]
         counts = []
         with torch.inference_mode():
-            for k in (1, 1, self.chunk + 1):  # the first call builds the tables and is not counted
+            for k in (1, 1, 2, self.chunk + 1):  # the first call builds the tables and is not counted
                 idx = torch.arange(k, device=engine.device).view(1, k)  # [1, k]
                 w = torch.full((1, k), 1.0 / k, dtype=engine.compute_dtype, device=engine.device)
                 with LaunchCounter() as counter:
                     self._compute(0, silu, x, idx, w)
                 counts.append(counter.total)
-        per_chunk = counts[2] - counts[1]
-        return counts[1] - per_chunk, per_chunk
+        one, two, spill = counts[1:]
+        if self.chunk == 1:  # one expert at a time: every launch but the layer's is an expert's
+            per_expert, per_chunk = two - one, 0
+        else:
+            per_expert = two - one  # one chunk either way: what the second expert added
+            per_chunk = spill - one - self.chunk * per_expert
+        return one - per_chunk - per_expert, per_chunk, per_expert
 
     def fused_op(self, tokens_per_expert):
         """One layer's routed experts as this copy runs them: every routed expert's FLOPs and bytes read by the
@@ -664,7 +698,8 @@ class QuantizedExperts:
         read from the 16-bit scratch), with the launches its expert path was counted to issue
         (:meth:`_count_launches`) — what :meth:`charge_fused` charges and what a strategy's estimate reads."""
         costs = self.engine.clock.costs
-        launches = self.layer_launches + self.expert_launches * -(-len(tokens_per_expert) // self.chunk)
+        n = len(tokens_per_expert)
+        launches = self.layer_launches + self.chunk_launches * -(-n // self.chunk) + self.expert_launches * n
         op = costs.experts_fused(tokens_per_expert, self.bytes_ratio, self.kernel)
         return op._replace(launches=round(launches * costs.geometry.layer_scale))
 
