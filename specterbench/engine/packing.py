@@ -89,9 +89,10 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
         return packed[:n]
     b = packed.view(-1, bits).long()  # [M, bits] byte indices
     t = _unpack_tables(bits, str(packed.device))
-    out = t[0][b[:, 0]]  # [M, 8]
+    # index_select, not t[i][b[:, i]]: the same one gather, without advanced indexing's host-side dispatch
+    out = t[0].index_select(0, b[:, 0])  # [M, 8]
     for i in range(1, bits):
-        out += t[i][b[:, i]]
+        out += t[i].index_select(0, b[:, i])
     return out.reshape(-1)[:n]
 
 
