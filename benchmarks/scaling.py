@@ -170,9 +170,18 @@ def configure(engine, strategy, budget_bytes: int) -> None:
 
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
+    if "--specter-default" in argv:  # Specter with its default draft (int4, group 128) in place of the pinned int3
+        argv = [a for a in argv if a != "--specter-default"]
+        OPTIONS["specter"] = {"k": 4}
+    unknown = [a for a in argv if a not in GEOMETRIES]
+    if unknown:
+        print(f"unknown geometry {unknown[0]!r}: use any of {', '.join(GEOMETRIES)} (and --specter-default for "
+              f"Specter's int4 default draft)", file=sys.stderr)
+        return 2
     geometries = argv or list(GEOMETRIES)
     print(f"host CPU ms per decode token, modeled clock, budget {BUDGET_FRACTION:.0%} of expert bytes, "
-          f"{NEW_TOKENS} new tokens after a {PROMPT_TOKENS}-token prompt (median; random-init, hidden 32)")
+          f"{NEW_TOKENS} new tokens after a {PROMPT_TOKENS}-token prompt (median; random-init, hidden 32); specter "
+          f"options {OPTIONS['specter']}")
     print("| geometry (experts × MoE layers, top-k) | stock model | engine, all resident | "
           + " | ".join(STRATEGIES) + " |")
     print("|---|---|---|" + "---|" * len(STRATEGIES))
