@@ -23,7 +23,7 @@ class CpuExperts(StaticPlacement):
     (github.com/efeslab/fiddler, ``src/fiddler/mixtral.py`` as of the paper, commit 1ad7a6c:
     ``FiddlerMixtral.run_expert_at_cpu`` calls the Hugging Face Mixtral expert module, loaded in ``torch.bfloat16``,
     on the CPU — three eager PyTorch GEMVs, intra-op threads left at PyTorch's default, one expert after the other;
-    its README lists AVX512_BF16 support as future work and warns that the PyTorch path is slow) — at the host
+    its README lists "Support for AVX512_BF16" as future work) — at the host
     profile's ``torch_bf16_bytes_per_s`` where that is below the DRAM share
     (:meth:`~specterbench.engine.engine.Engine.use_torch_bf16_host`). Decisions read the same price. A host profile
     without that field refuses in one line.
