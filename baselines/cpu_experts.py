@@ -2,6 +2,7 @@ from specterbench.engine.clocks import DEMAND_PRIORITY
 from specterbench.errors import UsageError
 from specterbench.plugins.strategy import FETCH, ON_HOST
 
+from .options import flag
 from .static import StaticPlacement
 
 RULES = ("balanced", "fiddler")
@@ -17,6 +18,15 @@ class CpuExperts(StaticPlacement):
     - ``rule=balanced`` (default; SpecMoEOff, MoE-SpAc): both sides queue-aware — the host's own backlog plus the
       expert on the host, against the copy behind the demand copies ahead of it plus the device compute;
     - ``rule=fiddler`` (Fiddler's rule): an idle host against the copy behind everything the link carries.
+
+    ``torch_bf16=true``: price the host's experts as Fiddler's released code computes them
+    (github.com/efeslab/fiddler, ``src/fiddler/mixtral.py`` as of the paper, commit 1ad7a6c:
+    ``FiddlerMixtral.run_expert_at_cpu`` calls the Hugging Face Mixtral expert module, loaded in ``torch.bfloat16``,
+    on the CPU — three eager PyTorch GEMVs, intra-op threads left at PyTorch's default, one expert after the other;
+    its README lists "Support for AVX512_BF16" as future work) — at the host
+    profile's ``torch_bf16_bytes_per_s`` where that is below the DRAM share
+    (:meth:`~specterbench.engine.engine.Engine.use_torch_bf16_host`). Decisions read the same price. A host profile
+    without that field refuses in one line.
     """
 
     name = "cpu-experts"
@@ -25,7 +35,7 @@ class CpuExperts(StaticPlacement):
 
     @classmethod
     def option_names(cls):
-        return ("threads", "rule")
+        return ("threads", "rule", "torch_bf16")
 
     @classmethod
     def validate_options(cls, options: dict) -> None:
@@ -39,14 +49,23 @@ class CpuExperts(StaticPlacement):
         if threads < 1:
             raise UsageError(f"cpu-experts option threads={options.get('threads')!r} is invalid: use a positive "
                              f"integer")
+        flag(cls.name, "torch_bf16", options.get("torch_bf16", False))
+
+    @classmethod
+    def check_host_profile(cls, host_profile, options: dict) -> None:
+        if flag(cls.name, "torch_bf16", options.get("torch_bf16", False)):
+            host_profile.torch_bf16_rate()
 
     def __init__(self, **options):
         super().__init__(**options)
         self.validate_options(options)
         self.rule = str(options.get("rule", "balanced"))
+        self.torch_bf16 = flag(self.name, "torch_bf16", options.get("torch_bf16", False))
 
     def attach(self, engine):
         super().attach(engine)
+        if self.torch_bf16:
+            engine.use_torch_bf16_host()
         available = engine.clock.host_threads_available
         wanted = int(self.options.get("threads", available))
         self.warning = None
@@ -84,6 +103,8 @@ class CpuExperts(StaticPlacement):
     def metrics(self):
         m = {"host_threads": self.threads, "host_rule": self.rule, "host_calls": self.host_calls,
              "fetch_calls": self.fetch_calls}
+        if self.torch_bf16:
+            m["host_torch_bf16"] = True
         if self.warning:
             m["warning"] = self.warning
         return m

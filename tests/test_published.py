@@ -129,6 +129,12 @@ def test_components_are_priced_by_the_cost_model(host):
     (lambda t: t.replace("expert_bits = 2,", "expert_bits = 5,", 1), "unknown precision"),
     (lambda t: t.replace('kind = "tpot_ms"', 'kind = "tpot"', 1), "kind 'tpot'"),
     (lambda t: t.replace('system = "MoE-SpeQ"\n', "", 1), "missing field"),
+    (lambda t: t.replace('torch_bf16 = true }\nmodel = "Mixtral-8x7B"\nstandin = "tiny-mixtral"\ngeometry = "mixtral"\n'
+                         'precision = { expert_bits = 16, dense_bits = 16 }\nprofile = "quadro-rtx6000-24g-pcie3"\n'
+                         'host_profile = "xeon-skylake-48c"',
+                         'torch_bf16 = true }\nmodel = "Mixtral-8x7B"\nstandin = "tiny-mixtral"\ngeometry = "mixtral"\n'
+                         'precision = { expert_bits = 16, dense_bits = 16 }\nprofile = "quadro-rtx6000-24g-pcie3"\n'
+                         'host_profile = "threadripper-7960x"', 1), "no torch_bf16_bytes_per_s"),
 ])
 def test_a_bad_record_row_is_one_line_naming_the_row(host, tmp_path, edit, message):
     path = tmp_path / "record.toml"

@@ -178,6 +178,8 @@ def load_record(host, path: Path | str = RECORD) -> list[Measurement]:
                 if hasattr(cls, "validate_options"):
                     cls.validate_options(dict(m.options))
                 cls.check_profile(host.profiles().get(m.profile), dict(m.options))
+                if m.host_profile is not None:
+                    cls.check_host_profile(host.host_profiles().get(m.host_profile), dict(m.options))
                 _check_budget(m, host)
         except UsageError as err:
             raise UsageError(f"{where}: {err}") from None

@@ -91,9 +91,11 @@ class BenchConfig:
         host.profiles().entry(self.profile)
         host.host_profiles().entry(self.host_profile)
         if self.clock == "modeled":  # a figure the strategy's options are priced with and the profile lacks
-            profile = host.profiles().get(self.profile)
+            profile, cpu = host.profiles().get(self.profile), host.host_profiles().get(self.host_profile)
             for name in self.strategies:
-                host.strategies().get(name).check_profile(profile, dict(self.strategy_options.get(name, {})))
+                cls, options = host.strategies().get(name), self.strategy_options.get(name, {})
+                cls.check_profile(profile, dict(options))
+                cls.check_host_profile(cpu, dict(options))
         if self.geometry not in (None, "own", "auto"):
             if self.clock != "modeled":
                 raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "

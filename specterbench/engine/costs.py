@@ -54,8 +54,9 @@ pageable_link_bytes_per_s``, serial with compute; a copy device→host, ``lru.sw
 expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes / DRAM share)``
 plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``), where the DRAM share
 is ``host.mem_bytes_per_s`` while the link is idle and ``host.mem_bytes_per_s - link_bytes_per_s`` while it copies
-(host memory is one resource: :meth:`CostModel.host_dram_share`). Bytes and FLOPs come from the geometry, each
-multiplied by ``layer_scale``.
+(host memory is one resource: :meth:`CostModel.host_dram_share`) — or, with ``cpu-experts.torch_bf16`` (Fiddler's
+CPU path), the host profile's ``torch_bf16_bytes_per_s`` where that is lower. Bytes and FLOPs come from the geometry,
+each multiplied by ``layer_scale``.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ class CostModel:
         self.geometry = geometry
         self.host = host
         self.kernels = kernels  # launches per op: the engine's own description (``Engine._bind`` sets its model's)
+        # the rate a host expert's kernel streams its weights at when DRAM is not the limit; None: DRAM decides
+        # (``engine.use_torch_bf16_host``: the host profile's ``torch_bf16_bytes_per_s``, Fiddler's CPU path)
+        self.host_kernel_bytes_per_s: float | None = None
 
     def _launches(self, per_layer: int) -> int:
         return round(per_layer * self.geometry.layer_scale)
@@ -265,7 +269,8 @@ class CostModel:
     def host_seconds(self, op: HostOp, threads: int) -> float:
         """The host's own work on ``op`` with ``threads`` of its threads on an idle link (the hops not included)."""
         h = self._host()
-        return h.launch_us * 1e-6 + max(self.host_compute_seconds(op, threads), op.weight_bytes / h.mem_bytes_per_s)
+        idle, _ = self.host_dram_share()
+        return h.launch_us * 1e-6 + max(self.host_compute_seconds(op, threads), op.weight_bytes / idle)
 
     def _host(self) -> HostProfile:
         if self.host is None:
@@ -286,10 +291,18 @@ class CostModel:
         otherwise. The memory controller arbitrates between the cores and the DMA engine, so the cores keep at least
         half of it: where the link would take more (a host barely faster than its link, a measured CPU-only
         profile), the link is the one held back, which is not modeled (copies keep the profile's rate). The
-        activation hops of host experts are a few KB: not counted."""
+        activation hops of host experts are a few KB: not counted.
+
+        A host expert kernel slower than DRAM (``host_kernel_bytes_per_s``, set by
+        :meth:`~specterbench.engine.engine.Engine.use_torch_bf16_host`: PyTorch's bf16 GEMVs on a CPU without
+        AVX512_BF16, Fiddler's CPU path) streams at its own rate whenever that is below the share."""
         h = self._host()
         b = h.mem_bytes_per_s
-        return b, max(b - self.profile.link_bytes_per_s, b / 2)
+        idle, shared = b, max(b - self.profile.link_bytes_per_s, b / 2)
+        cap = self.host_kernel_bytes_per_s
+        if cap is not None:
+            idle, shared = min(idle, cap), min(shared, cap)
+        return idle, shared
 
     def host_dram_finish(self, start: float, compute_s: float, weight_bytes: float,
                          busy: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -309,6 +309,18 @@ class Engine(CacheControl):
             self.clock.costs.profile.pageable_bytes_per_s()
         self.pageable_copies = True
 
+    def use_torch_bf16_host(self) -> None:
+        """From now on in this cell the host's experts are priced as PyTorch runs a bf16 expert on the host CPU —
+        Fiddler's CPU path as released (github.com/efeslab/fiddler ``src/fiddler/mixtral.py``,
+        ``FiddlerMixtral.run_expert_at_cpu``: the Hugging Face Mixtral expert module in ``torch.bfloat16``, three
+        eager GEMVs) — streaming its weights at the host profile's ``torch_bf16_bytes_per_s`` where that is below
+        the DRAM share (:meth:`~specterbench.engine.costs.CostModel.host_dram_share`). The host computes them as
+        before, with PyTorch's CPU ops. A host profile without the field refuses in one line; a clock without a host
+        profile (measured: the host's own time is the price) is left as it is."""
+        costs = self.clock.costs
+        if costs.host is not None:
+            costs.host_kernel_bytes_per_s = costs.host.torch_bf16_rate()
+
     def use_swap_copies(self) -> None:
         """From now on in this cell every miss swaps, as Mixtral-Offloading's ``ExpertCache._swap`` does
         (github.com/dvmazur/mixtral-offloading, ``src/expert_cache.py``): the evicted expert is copied device→host
@@ -369,6 +381,7 @@ class Engine(CacheControl):
         if clock.costs is None:
             clock.costs = CostModel(BUILTIN_PROFILES[0], self.geometry, BUILTIN_HOST_PROFILES[0])
         clock.costs.kernels = self.kernels  # the launches this engine issues
+        clock.costs.host_kernel_bytes_per_s = None  # host experts at DRAM's rate until a strategy asks otherwise
         return clock
 
     def begin_warmup(self) -> None:

@@ -194,9 +194,26 @@ class HostProfile:
     threads: int
     launch_us: float  # per-expert dispatch cost on the host (thread-pool wake-up, small-GEMM setup)
     sources: tuple[str, ...]
+    # weight bytes per second one bf16 expert streams when PyTorch's eager CPU ops run it (three GEMVs, all threads)
+    # on this host: below DRAM's rate where the CPU has no native bf16 dot product (AVX512_BF16). Priced only for
+    # cpu-experts.torch_bf16 (Fiddler's CPU path); None: not stated (that option is then refused in one line)
+    torch_bf16_bytes_per_s: float | None = None
 
     def __post_init__(self) -> None:
         _check_fields(self, "host profile", may_be_zero=("launch_us",))
+        v = self.torch_bf16_bytes_per_s
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                              or v <= 0):
+            raise UsageError(f"host profile {self.name!r}: field torch_bf16_bytes_per_s must be a finite number > 0 "
+                             f"(bytes/s), got {v!r}; or leave it out")
+
+    def torch_bf16_rate(self) -> float:
+        """The PyTorch bf16 expert rate, or a one-line UsageError when this host profile does not state it."""
+        if self.torch_bf16_bytes_per_s is None:
+            raise UsageError(f"host profile {self.name!r} has no torch_bf16_bytes_per_s, which cpu-experts."
+                             f"torch_bf16=true is priced with; add it to the host profile file (the weight bytes per "
+                             f"second of one bf16 expert run by PyTorch on that host) or drop the option")
+        return self.torch_bf16_bytes_per_s
 
     @classmethod
     def from_dict(cls, data: dict) -> "HostProfile":

@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from specterbench.engine.engine import Engine
-    from specterbench.engine.profiles import HardwareProfile
+    from specterbench.engine.profiles import HardwareProfile, HostProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +155,12 @@ class Strategy:
         """Refuse a hardware profile the modeled clock cannot price this strategy on (with these options) before
         the run starts: raise :class:`UsageError` with one line naming the missing figure. The default accepts
         every profile."""
+
+    @classmethod
+    def check_host_profile(cls, host_profile: "HostProfile", options: dict) -> None:
+        """The same for the host CPU's profile (``--host-profile``): refuse one the modeled clock cannot price this
+        strategy's host experts on (with these options), in one line naming the missing figure. The default accepts
+        every host profile."""
 
     # ---- setup -------------------------------------------------------------------------------------
     def fit_budget(self, engine: "Engine", budget_bytes: int) -> None:
