@@ -54,11 +54,7 @@ class HardwareProfile:
         # alu_ops_per_s may be 0 (not stated: priced at flops_per_s / 16)
         _check_fields(self, "profile", may_be_zero=("link_latency_us", "launch_us", "alu_ops_per_s",
                                                     "graph_node_us"))
-        v = self.pageable_link_bytes_per_s
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                              or v <= 0):
-            raise UsageError(f"profile {self.name!r}: field pageable_link_bytes_per_s must be a finite number > 0 "
-                             f"(bytes/s, bandwidthTest --memory=pageable), got {v!r}; or leave it out")
+        _check_optional_rate(self, "profile", "pageable_link_bytes_per_s", "bytes/s, bandwidthTest --memory=pageable")
 
     def pageable_bytes_per_s(self) -> float:
         """The pageable copy bandwidth, or a one-line UsageError when this profile does not state it."""
@@ -74,6 +70,14 @@ class HardwareProfile:
 
     def label(self) -> str:
         return f"modeled:{self.name}"
+
+
+def _check_optional_rate(profile, kind: str, field: str, unit: str) -> None:
+    """An optional field that, when stated, must be a finite number > 0 (one line naming it otherwise)."""
+    v = getattr(profile, field)
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+        raise UsageError(f"{kind} {profile.name!r}: field {field} must be a finite number > 0 ({unit}), got {v!r}; "
+                         f"or leave it out")
 
 
 def _check_fields(profile, kind: str, may_be_zero: tuple[str, ...] = ()) -> None:
@@ -201,11 +205,7 @@ class HostProfile:
 
     def __post_init__(self) -> None:
         _check_fields(self, "host profile", may_be_zero=("launch_us",))
-        v = self.torch_bf16_bytes_per_s
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                              or v <= 0):
-            raise UsageError(f"host profile {self.name!r}: field torch_bf16_bytes_per_s must be a finite number > 0 "
-                             f"(bytes/s), got {v!r}; or leave it out")
+        _check_optional_rate(self, "host profile", "torch_bf16_bytes_per_s", "bytes/s")
 
     def torch_bf16_rate(self) -> float:
         """The PyTorch bf16 expert rate, or a one-line UsageError when this host profile does not state it."""
