@@ -380,3 +380,26 @@ def test_an_int4_draft_groups_the_projection_its_kernel_does_not_take(geometry):
     assert draft.expert_launches == 1  # the int4 kernel's call per expert; the rest once per chunk
     scale = engine.clock.costs.geometry.layer_scale
     assert draft.fused_op([1] * k).launches == round(grouped_ops.total * scale)
+
+
+@pytest.mark.parametrize("stand_in,geometry", [("tiny-mixtral", "mixtral"), ("tiny-qwen-moe", "qwen-moe"),
+                                               ("tiny-deepseek", "deepseek-v2-lite")])
+def test_the_draft_chunk_at_a_projection_counts_every_real_layer(stand_in, geometry):
+    """At a projection each of the stand-in's MoE layers stands for ``layer_scale`` real ones: the draft whose share
+    bounds the grouped scratch is the real model's whole draft, so the default int4 draft's dequantized projection
+    groups the real model's top-k (Mixtral 2, not 1 as it did when the stand-in's six layers were counted alone)."""
+    from specterbench import embedded
+    from specterbench.engine.draft import _kernel_for, draft_chunk
+    from specterbench.engine.geometry import project
+    from specterbench_specter.specter import Specter
+
+    spec = QuantSpec(**Specter.draft_defaults)  # int4, group 128
+
+    model, tok = embedded.load(stand_in)
+    engine = Engine(model, name=stand_in, tokenizer=tok)
+    engine.geometry = project(engine.own_geometry, geometry)
+    weights = engine.store.weights[next(iter(engine.store.weights))]
+    kernels = [_kernel_for(w.shape, spec, engine) for w in weights]
+    if "dequant" not in kernels:
+        pytest.skip("this torch runs every projection on a low-bit kernel: nothing is grouped")
+    assert draft_chunk(engine, spec, kernels, [w.shape for w in weights]) == engine.top_k

@@ -233,8 +233,8 @@ def draft_chunk(engine, spec: QuantSpec, kernels, shapes) -> int:
     1 where the format runs per expert."""
     if not grouped_dequant(kernels, spec, shapes):
         return 1
-    g = engine.geometry
-    draft = spec.bits_per_weight() / 8 * g.num_experts * g.moe_layers * g.expert_params
+    g = engine.geometry  # at a projection each modeled layer stands for layer_scale real ones, as the bytes do
+    draft = spec.bits_per_weight() / 8 * g.num_experts * g.moe_layers * g.layer_scale * g.expert_params
     weight = _priced_dequantized_elems(g, kernels) * g.dtype_bytes  # the larger dequantized projection
     chunk = min(engine.top_k, int(SCRATCH_SHARE * draft // weight))
     return chunk if chunk > 1 else 1
