@@ -403,3 +403,20 @@ def test_the_draft_chunk_at_a_projection_counts_every_real_layer(stand_in, geome
     if "dequant" not in kernels:
         pytest.skip("this torch runs every projection on a low-bit kernel: nothing is grouped")
     assert draft_chunk(engine, spec, kernels, [w.shape for w in weights]) == engine.top_k
+
+
+def test_four_bit_codes_unpack_by_mask_and_shift():
+    """4-bit codes are nibbles (value 2i low, 2i + 1 high in byte i): unpacked with a mask, a shift and a stack — 3
+    counted launches and no table — where the other widths gather from per-byte tables."""
+    from specterbench.engine.kernels import LaunchCounter
+    from specterbench.engine.packing import pack_bits, unpack_bits, unpack_table_bytes
+
+    q = torch.randint(0, 16, (1000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    packed = pack_bits(q, 4)
+    assert torch.equal(packed, q[0::2] | q[1::2] << 4)  # the nibble layout the fast path reads
+    with torch.inference_mode(), LaunchCounter() as four:
+        out = unpack_bits(packed, 4, 1000)
+    assert torch.equal(out, q)
+    with torch.inference_mode(), LaunchCounter() as three:
+        unpack_bits(pack_bits(q % 8, 3), 3, 1000)
+    assert four.total == 3 < three.total and unpack_table_bytes(4) == 0

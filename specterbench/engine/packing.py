@@ -84,9 +84,12 @@ def _unpack_tables(bits: int, device: str) -> torch.Tensor:
 
 
 def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """The first ``n`` values packed by :func:`pack_bits`, as uint8 [n]."""
+    """The first ``n`` values packed by :func:`pack_bits`, as uint8 [n]: 4 bits by mask and shift (3 launches), other
+    widths by ``bits`` table gathers (:func:`_unpack_tables`)."""
     if bits == 8:
         return packed[:n]
+    if bits == 4:  # value 2i in byte i's low nibble, 2i + 1 in its high one: a mask and a shift, no table
+        return torch.stack((packed & 15, packed >> 4), -1).reshape(-1)[:n]
     b = packed.view(-1, bits).long()  # [M, bits] byte indices
     t = _unpack_tables(bits, str(packed.device))
     # index_select, not t[i][b[:, i]]: the same one gather, without advanced indexing's host-side dispatch
@@ -97,7 +100,7 @@ def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 
 
 def unpack_table_bytes(bits: int) -> int:
-    return 0 if bits == 8 else bits * 256 * 8
+    return 0 if bits in (4, 8) else bits * 256 * 8  # 4 bits: nibbles, unpacked without a table
 
 
 def packed_bytes(n: int, bits: int) -> int:
