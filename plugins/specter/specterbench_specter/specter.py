@@ -60,7 +60,7 @@ def parse_specter_k(value):
 
 class Specter(SpeculativeDecoding):
     name = "specter"
-    version = "4"  # 4: int4 draft by default (int3 fallback), noise-aware release, plan copies into transients only
+    version = "5"  # 5: no plan at a cache of <= top-k slots; 4: int4 draft default, noise-aware release, transients only
     description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
                    "governor, 0..32), its routing plans the prefetch, misses run on the host when faster")
     # the draft's routed experts at 4 bits, group 128, on torch's int4 kernel; where the budget cannot hold that
@@ -100,6 +100,10 @@ class Specter(SpeculativeDecoding):
 
     def attach(self, engine):
         super().attach(engine)
+        # no room for a plan: a cache of at most one layer's top-k slots holds no resident, and every copy the plan
+        # makes evicts what the layer being verified has just fetched through the same link (measured at Mixtral
+        # A100 35%, 2 slots: 0.934x spec-host with the plan on; section "Measured" of the README)
+        self.plan_on = self.plan != "off" and self.slots > engine.top_k
         self.planner = LookaheadPlanner(engine)
         self.governor = Governor(Shape(engine.num_layers, engine.num_experts, engine.top_k, self.slots),
                                  plan=self.plan_on)
@@ -458,7 +462,8 @@ class Specter(SpeculativeDecoding):
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
                   "speculative_forecast_ms_per_token": self.spec_forecast_ms,
                   "speculative_realised_ms_per_token": self.spec_realised_ms})
-        m.update({"k": self.k_option, "plan": self.plan, "plan_copies_dropped": self.dropped_copies,
+        plan = self.plan if self.plan_on or self.plan == "off" else f"off (no room: {self.slots} slots ≤ top-k)"
+        m.update({"k": self.k_option, "plan": plan, "plan_copies_dropped": self.dropped_copies,
                   "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
                   "governor_miss_ms": round(g.miss_s() * 1e3, 4)})
