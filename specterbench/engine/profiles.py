@@ -58,11 +58,9 @@ class HardwareProfile:
 
     def pageable_bytes_per_s(self) -> float:
         """The pageable copy bandwidth, or a one-line UsageError when this profile does not state it."""
-        if self.pageable_link_bytes_per_s is None:
-            raise UsageError(f"profile {self.name!r} has no pageable_link_bytes_per_s, which a pageable copy path "
-                             f"(on-demand.pageable=true) is priced with; add it to the profile file (measure it "
-                             f"with CUDA samples bandwidthTest --memory=pageable) or drop the option")
-        return self.pageable_link_bytes_per_s
+        return _stated_rate(self, "profile", "pageable_link_bytes_per_s",
+                            "a pageable copy path (on-demand.pageable=true)",
+                            "measure it with CUDA samples bandwidthTest --memory=pageable")
 
     @classmethod
     def from_dict(cls, data: dict) -> "HardwareProfile":
@@ -78,6 +76,16 @@ def _check_optional_rate(profile, kind: str, field: str, unit: str) -> None:
     if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
         raise UsageError(f"{kind} {profile.name!r}: field {field} must be a finite number > 0 ({unit}), got {v!r}; "
                          f"or leave it out")
+
+
+def _stated_rate(profile, kind: str, field: str, used_by: str, how: str) -> float:
+    """An optional rate an option is priced with: its value, or a one-line UsageError naming the field, what needs
+    it and how to state it."""
+    value = getattr(profile, field)
+    if value is None:
+        raise UsageError(f"{kind} {profile.name!r} has no {field}, which {used_by} is priced with; add it to the "
+                         f"{kind} file ({how}) or drop the option")
+    return value
 
 
 def _check_fields(profile, kind: str, may_be_zero: tuple[str, ...] = ()) -> None:
@@ -209,11 +217,8 @@ class HostProfile:
 
     def torch_bf16_rate(self) -> float:
         """The PyTorch bf16 expert rate, or a one-line UsageError when this host profile does not state it."""
-        if self.torch_bf16_bytes_per_s is None:
-            raise UsageError(f"host profile {self.name!r} has no torch_bf16_bytes_per_s, which cpu-experts."
-                             f"torch_bf16=true is priced with; add it to the host profile file (the weight bytes per "
-                             f"second of one bf16 expert run by PyTorch on that host) or drop the option")
-        return self.torch_bf16_bytes_per_s
+        return _stated_rate(self, "host profile", "torch_bf16_bytes_per_s", "cpu-experts.torch_bf16=true",
+                            "the weight bytes per second of one bf16 expert run by PyTorch on that host")
 
     @classmethod
     def from_dict(cls, data: dict) -> "HostProfile":
