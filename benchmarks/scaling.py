@@ -32,6 +32,7 @@ OPTIONS = {"specter": {"k": 4, "bits": 3}}  # the int3 draft this table was meas
 BUDGET_FRACTION = 0.5
 PROMPT_TOKENS = 16
 NEW_TOKENS = 16
+PROMPTS = 3  # requests per cell and round, each with its own prompt and reference
 ROUNDS = 3  # every cell measured once per round, rounds interleaved: a ratio is the median of per-round ratios
 #: targets at DeepSeek-V3 geometry, as ratios measured side by side in one process: the engine with every expert
 #: resident against the stock model, the strategies against the engine with every expert resident
@@ -58,10 +59,13 @@ class World:
     """One engine at a geometry with its reference (tokens, routing) and calibration, built once."""
 
     engine: object
-    prompt: tuple[int, ...]
-    reference_tokens: tuple[int, ...]
-    reference_trace: tuple
+    prompts: tuple[tuple[int, ...], ...]
+    references: tuple[tuple[tuple[int, ...], tuple], ...]  # per prompt: (tokens, routing trace)
     calibration: object
+
+    @property
+    def reference_tokens(self) -> tuple[int, ...]:  # the first prompt's (``bench_scaling.py`` decodes it)
+        return self.references[0][0]
 
     @classmethod
     def build(cls, geometry: str) -> "World":
@@ -71,16 +75,20 @@ class World:
         experts, layers, top_k = GEOMETRIES[geometry]
         engine = Engine(random_model(experts, layers, top_k), name=f"random-{geometry}")
         gen = torch.Generator().manual_seed(1)
-        prompt = tuple(torch.randint(0, 256, (PROMPT_TOKENS,), generator=gen).tolist())
+        prompts = tuple(tuple(torch.randint(0, 256, (PROMPT_TOKENS,), generator=gen).tolist())
+                        for _ in range(PROMPTS))
         configure(engine, _Resident(), engine.total_expert_bytes)
         engine.strategy.prepare(engine)
-        rec = engine.start_recording()
-        request = Request("p0", prompt, NEW_TOKENS)
-        engine.begin_request(request)
-        tokens = tuple(engine.decode(request))
-        engine.stop_recording()
+        references = []
+        for i, prompt in enumerate(prompts):
+            rec = engine.start_recording()
+            request = Request(f"p{i}", prompt, NEW_TOKENS)
+            engine.begin_request(request)
+            tokens = tuple(engine.decode(request))
+            engine.stop_recording()
+            references.append((tokens, tuple(rec.trace)))
         sequences = []
-        for i in range(2):  # calibration prompts, apart from the measured one
+        for i in range(2):  # calibration prompts, apart from the measured ones
             cal = tuple(torch.randint(0, 256, (PROMPT_TOKENS,), generator=gen).tolist())
             one = engine.start_recording()
             engine.begin_request(Request(f"c{i}", cal, 4))
@@ -88,12 +96,13 @@ class World:
             engine.stop_recording()
             sequences.append(one.counts.clone())
         calibration = Calibration(sum(sequences), (), tuple(sequences))
-        return cls(engine, prompt, tokens, tuple(rec.trace), calibration)
+        return cls(engine, prompts, tuple(references), calibration)
 
-    def request(self):
+    def request(self, i: int = 0):
         from specterbench.plugins.strategy import Request
 
-        return Request("p0", self.prompt, NEW_TOKENS, self.reference_tokens, self.reference_trace)
+        tokens, trace = self.references[i]
+        return Request(f"p{i}", self.prompts[i], NEW_TOKENS, tokens, trace)
 
     def strategy(self, name: str):
         from specterbench.plugins.host import get_host
@@ -110,10 +119,17 @@ class World:
                 self.engine.prefetch(key)
         return strategy
 
-    def host_ms_per_token(self, strategy) -> tuple[float, list[int]]:
-        """Median host CPU ms per decode token of one request (prefill excluded), and the tokens. CPU time of
-        this process, not wall time: the machine is shared, and wall time would count other processes."""
-        engine, request = self.engine, self.request()
+    def host_ms_per_token(self, strategy, i: int = 0) -> tuple[float, list[int]]:
+        """Mean host CPU ms per decode token of request ``i`` (prefill and the first token excluded: from the first
+        emitted token to the last), and the tokens. CPU time of this process, not wall time: the machine is shared,
+        and wall time would count other processes."""
+        cpu_s, n, _, tokens = self._decode(strategy, i)
+        return cpu_s * 1e3 / n, tokens
+
+    def _decode(self, strategy, i: int):
+        """One request: (CPU seconds after its first emitted token, tokens emitted after it, per-token ms — a
+        speculative window's tokens share its figure —, the tokens)."""
+        engine, request = self.engine, self.request(i)
         marks, emit = [], engine.emit
 
         def timed_emit(n):
@@ -127,24 +143,52 @@ class World:
         finally:
             del engine.emit
         per_token = [(b - a) * 1e3 / n for (a, _), (b, n) in zip(marks, marks[1:]) for _ in range(n)]
-        return statistics.median(per_token), tokens
+        return marks[-1][0] - marks[0][0], len(per_token), per_token, tokens
+
+    def measure(self, name: str) -> "Sample":
+        """Every prompt once through one new ``name`` strategy: host CPU ms per decode token over all of them (mean:
+        their CPU time over their tokens; median of the per-token figures beside it), and whether each request's
+        tokens equal its reference."""
+        cpu_s, n, per_token, same = 0.0, 0, [], True
+        strategy = self.strategy(name)  # one strategy serves the prompts in turn, as a run's cell does
+        for i in range(len(self.prompts)):
+            s, m, ms, tokens = self._decode(strategy, i)
+            cpu_s, n, per_token = cpu_s + s, n + m, per_token + ms
+            same = same and (not strategy.lossless or tuple(tokens) == self.references[i][0])
+        return Sample(cpu_s * 1e3 / n, statistics.median(per_token), same)
 
 
-def stock_ms_per_token(geometry: str) -> float:
-    """The same random model with its own experts module (no offloading): median CPU ms per decode token."""
+@dataclass
+class Sample:
+    mean_ms: float  # host CPU ms per decode token: the cell's CPU time over its tokens
+    median_ms: float  # median of the per-token figures
+    tokens_match: bool  # every request of a lossless strategy emitted its reference's tokens
+
+
+def stock_ms_per_token(geometry: str) -> Sample:
+    """The same random model with its own experts module (no offloading), the same prompts: CPU ms per decode
+    token (mean over the prompts' tokens, median beside it)."""
     from transformers import DynamicCache
 
     model = random_model(*GEOMETRIES[geometry])
-    ids = torch.randint(0, 256, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(1))
-    kv = DynamicCache(config=model.config)
+    gen = torch.Generator().manual_seed(1)  # the prompts World.build draws
     per_token = []
     with torch.inference_mode():
-        token = model(input_ids=ids, cache=kv, use_cache=True).logits[0, -1].argmax().view(1, 1)
-        for _ in range(NEW_TOKENS):
-            t0 = time.process_time()
-            token = model(input_ids=token, cache=kv, use_cache=True).logits[0, -1].argmax().view(1, 1)
-            per_token.append((time.process_time() - t0) * 1e3)
-    return statistics.median(per_token)
+        for _ in range(PROMPTS):
+            ids = torch.randint(0, 256, (1, PROMPT_TOKENS), generator=gen)
+            kv = DynamicCache(config=model.config)
+            token = model(input_ids=ids, cache=kv, use_cache=True).logits[0, -1].argmax().view(1, 1)
+            for _ in range(NEW_TOKENS - 1):  # the first token comes from the prefill, as in the engine's figure
+                t0 = time.process_time()
+                token = model(input_ids=token, cache=kv, use_cache=True).logits[0, -1].argmax().view(1, 1)
+                per_token.append((time.process_time() - t0) * 1e3)
+    return Sample(statistics.fmean(per_token), statistics.median(per_token), True)
+
+
+def _cell(samples: list[Sample]) -> str:
+    """A cell's figures over the rounds: the median of the rounds' means / of their medians."""
+    return (f"{statistics.median(s.mean_ms for s in samples):.1f} / "
+            f"{statistics.median(s.median_ms for s in samples):.1f}")
 
 
 class _Resident:
@@ -182,15 +226,22 @@ def main(argv: list[str]) -> int:
     if "--specter-default" in argv:  # Specter with its default draft (int4, group 128) in place of the pinned int3
         argv = [a for a in argv if a != "--specter-default"]
         OPTIONS["specter"] = {"k": 4}
+    for a in [a for a in argv if a.startswith("--specter-k=")]:  # Specter's window, pinned (default: K = 4)
+        argv.remove(a)
+        value = a.split("=", 1)[1]
+        if not value.isdigit() or int(value) < 1:
+            print(f"{a}: K must be a whole number of draft tokens ≥ 1, e.g. --specter-k=2", file=sys.stderr)
+            return 2
+        OPTIONS["specter"] = {**OPTIONS["specter"], "k": int(value)}
     unknown = [a for a in argv if a not in GEOMETRIES]
     if unknown:
         print(f"unknown geometry {unknown[0]!r}: use any of {', '.join(GEOMETRIES)} (and --specter-default for "
-              f"Specter's int4 default draft)", file=sys.stderr)
+              f"Specter's int4 default draft, --specter-k=N for its window)", file=sys.stderr)
         return 2
     geometries = argv or list(GEOMETRIES)
-    print(f"host CPU ms per decode token, modeled clock, budget {BUDGET_FRACTION:.0%} of expert bytes, "
-          f"{NEW_TOKENS} new tokens after a {PROMPT_TOKENS}-token prompt (median; random-init, hidden 32); specter "
-          f"options {OPTIONS['specter']}")
+    print(f"host CPU ms per decode token, modeled clock, budget {BUDGET_FRACTION:.0%} of expert bytes, {PROMPTS} "
+          f"prompts of {PROMPT_TOKENS} tokens × {NEW_TOKENS} new tokens per cell and round, {ROUNDS} rounds (mean / "
+          f"median; random-init, hidden 32); specter options {OPTIONS['specter']}")
     print("| geometry (experts × MoE layers, top-k) | stock model | engine, all resident | "
           + " | ".join(STRATEGIES) + f" | {SPECTER_RESIDENT} |")
     print("|---|---|---|" + "---|" * (len(STRATEGIES) + 1))
@@ -198,35 +249,37 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         world = World.build(geometry)
         names = (FLOOR, *STRATEGIES, SPECTER_RESIDENT)
-        ms: dict[str, list[float]] = {name: [] for name in ("stock", *names)}
+        samples: dict[str, list[Sample]] = {name: [] for name in ("stock", *names)}
         errors: dict[str, str] = {}
-        for name in names:  # warm-up, and each strategy's tokens checked against the reference
+        for name in names:  # warm-up, and each strategy's tokens checked against the references
             try:
-                tokens = world.host_ms_per_token(world.strategy(name))[1]
-                if tuple(tokens) != world.reference_tokens:
+                if not world.measure(name).tokens_match:
                     errors[name] = "tokens differ!"
             except Exception as err:  # a strategy's failure is its cell's
                 errors[name] = f"error: {type(err).__name__}: {err}"[:80]
         for _ in range(ROUNDS):  # side by side: each round measures every cell once, so load drifts hit all alike
-            ms["stock"].append(stock_ms_per_token(geometry))
+            samples["stock"].append(stock_ms_per_token(geometry))
             for name in names:
                 if name not in errors:
-                    ms[name].append(world.host_ms_per_token(world.strategy(name))[0])
-        cells = [f"{statistics.median(ms['stock']):.1f}"]
+                    samples[name].append(world.measure(name))
+        cells, spread = [_cell(samples["stock"])], []
         for name in names:
-            if name in errors and not ms[name]:
+            if name in errors and not samples[name]:
                 cells.append(errors[name])
                 continue
             base = "stock" if name == FLOOR else FLOOR
             target = STOCK_TARGET.get(geometry) if name == FLOOR else TARGETS.get((geometry, name))
-            ratio = statistics.median(a / b for a, b in zip(ms[name], ms[base])) if ms[base] else None
-            mark = (f" ({ratio:.2f}×, target ≤ {target:g}×)" if target and ratio
+            ratios = [a.mean_ms / b.mean_ms for a, b in zip(samples[name], samples[base])]
+            ratio = statistics.median(ratios) if ratios else None
+            mark = (f" ({ratio:.2f}×, target ≤ {target:g}×{'' if ratio <= target else ': missed'})" if target and ratio
                     else f" ({ratio:.2f}×)" if name == SPECTER_RESIDENT and ratio else "")
-            cells.append(f"{statistics.median(ms[name]):.1f}{mark}" + (f" ({errors[name]})" if name in errors else ""))
+            cells.append(_cell(samples[name]) + mark + (f" ({errors[name]})" if name in errors else ""))
+            if ratios:
+                spread.append(f"{name} {min(ratios):.2f}–{max(ratios):.2f}×")
         e, layers, k = GEOMETRIES[geometry]
         print(f"| {geometry} ({e} × {layers}, top-{k}) | " + " | ".join(cells) + " |", flush=True)
-        print(f"  (built and measured in {time.perf_counter() - t0:.0f} s; ratios: median over {ROUNDS} rounds of "
-              f"per-round ratios)", file=sys.stderr)
+        print(f"  (built and measured in {time.perf_counter() - t0:.0f} s; a ratio is the median over {ROUNDS} rounds "
+              f"of per-round ratios of means; per-round range: {', '.join(spread)})", file=sys.stderr)
     return 0
 
 
