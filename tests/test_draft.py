@@ -199,6 +199,21 @@ def test_bits_pack_and_unpack_losslessly(bits):
     assert packed.numel() == packed_bytes(1003, bits) and torch.equal(unpack_bits(packed, bits, 1003), q)
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 8])
+def test_packed_bytes_hold_each_value_at_bits_times_its_index_little_endian(bits):
+    """The layout every stored draft and unpacking path assumes, against a bit-by-bit reference: value ``j`` of a
+    group of 8 at bits ``bits·j`` … of the group's ``bits`` bytes, least significant byte first."""
+    from specterbench.engine.packing import pack_bits
+
+    q = torch.randint(0, 1 << bits, (21,), generator=torch.Generator().manual_seed(bits), dtype=torch.uint8)
+    values = q.tolist() + [0] * ((-len(q)) % 8)
+    want = []
+    for g in range(0, len(values), 8):
+        word = sum(v << (bits * j) for j, v in enumerate(values[g:g + 8]))
+        want += [(word >> (8 * i)) & 0xFF for i in range(bits)] if bits < 8 else values[g:g + 8]
+    assert pack_bits(q, bits).tolist() == (want if bits < 8 else q.tolist())
+
+
 def test_a_dequantized_weight_computes_a_block_of_rows_at_a_time_through_a_small_scratch():
     from specterbench.engine.packing import PackedWeight
 

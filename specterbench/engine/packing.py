@@ -60,11 +60,14 @@ def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
     pad = (-flat.numel()) % 8
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad)])
-    v = flat.view(-1, 8).to(torch.int32)  # [M, 8]
-    word = torch.zeros(v.shape[0], dtype=torch.int32, device=q.device)
-    for j in range(8):
-        word |= v[:, j] << (bits * j)  # 8·bits ≤ 24 bits: fits an int32
-    return torch.stack([((word >> (8 * i)) & 0xFF).to(torch.uint8) for i in range(bits)], 1).reshape(-1)
+    if bits == 4:  # value 2i in byte i's low nibble, 2i + 1 in its high one (what unpack_bits' fast path reads)
+        pairs = flat.view(-1, 2)
+        return pairs[:, 0] | (pairs[:, 1] << 4)
+    v = flat.view(-1, 8).long()  # [M, 8]
+    shifts = torch.arange(0, 8 * bits, bits, device=q.device)  # value j at bits·j of its word (8·bits bits)
+    word = (v << shifts).sum(1)  # [M]: the bit fields do not overlap, so their sum is their OR
+    bytes_ = torch.arange(0, 8 * bits, 8, device=q.device)  # byte i: bits 8i..8i+7
+    return ((word.unsqueeze(1) >> bytes_) & 0xFF).to(torch.uint8).reshape(-1)  # [M·bits], little-endian
 
 
 @functools.lru_cache(maxsize=None)
