@@ -33,7 +33,7 @@ BUDGET_FRACTION = 0.5
 PROMPT_TOKENS = 16
 NEW_TOKENS = 16
 PROMPTS = 3  # requests per cell and round, each with its own prompt and reference
-ROUNDS = 3  # every cell measured once per round, rounds interleaved: a ratio is the median of per-round ratios
+ROUNDS = 5  # every cell measured once per round, rounds interleaved: a ratio is the median of per-round ratios
 #: targets at DeepSeek-V3 geometry, as ratios measured side by side in one process: the engine with every expert
 #: resident against the stock model, the strategies against the engine with every expert resident
 STOCK_TARGET = {"deepseek-v3": 0.8}
