@@ -116,6 +116,7 @@ def test_the_int4_draft_runs_torchs_int4_kernel_where_the_shapes_allow():
     x = torch.randn(3, 256)
     want = x @ roundtrip(w, p.spec).t()
     assert torch.allclose(p.linear(x, torch.empty(p.scratch_elems())), want, atol=1e-3)
+    assert torch.equal(p.kernel_op()(x), p.linear(x))  # the bound kernel a draft step calls per expert: the same op
     assert torch.equal(p.dequantize(), roundtrip(w, p.spec))
 
 
@@ -133,6 +134,8 @@ def test_the_int8_dense_format_runs_torchs_int8_kernel_from_its_codes_and_channe
     assert p.nbytes() == spec.weight_bytes((48, 96), "int8mm", 4) == 48 * 96 + 48 * 4  # codes + one scale per row
     x = torch.randn(3, 96)
     assert torch.allclose(p.linear(x), x @ roundtrip(w, spec).t(), atol=1e-4)
+    assert torch.equal(p.kernel_op()(x), p.linear(x))  # the bound kernel a dense copy's modules call: the same op
+    assert packing.PackedWeight(w, QuantSpec(bits=3, blocksize=32, quantizer="int"), torch.float32).kernel_op() is None
     assert torch.equal(p.dequantize(), roundtrip(w, spec))
     assert (roundtrip(w, spec) - w).abs().max() <= w.abs().amax(-1, keepdim=True).max() / 127  # symmetric rounding
     with torch.inference_mode():
@@ -141,6 +144,34 @@ def test_the_int8_dense_format_runs_torchs_int8_kernel_from_its_codes_and_channe
         with LaunchCounter() as counter:
             p.linear(x)
     assert counter.total == 1  # one launch per weight, no dequantization
+
+
+@pytest.mark.parametrize("quantizer", [None, "int"])  # int8 per channel on its kernel; int8/g64 dequantized
+def test_an_entered_dense_copy_runs_each_module_through_its_kernel_and_leaves_no_trace(quantizer):
+    """Entering the copy (once per draft step) writes each replaced module's forward: straight to the copy's kernel
+    where one op computes it, else through the copy's dequantizing path — the same values, ``[..., C]`` inputs of
+    any rank, one launch a bias-free module on the int8 kernel; on exit the modules are the target's again."""
+    from specterbench.engine.kernels import LaunchCounter
+
+    model, _ = tiny_random("qwen2_moe")
+    engine = Engine(model, name="qwen")
+    copy = QuantizedDense(engine, dense_spec(8, quantizer=quantizer))
+    x = torch.randn(2, 3, model.config.hidden_size)
+    for _ in range(2):  # entered again: the forwards bound on the first entry
+        with torch.inference_mode(), copy:
+            for i, m in enumerate(copy.modules):
+                if m.weight.shape[1] != x.shape[-1]:
+                    continue
+                y = m(x)
+                assert y.shape == (2, 3, m.weight.shape[0])
+                assert torch.allclose(y, copy._forward(i, x), atol=1e-6)
+                if copy.packed[i].kernel == "int8mm":
+                    with LaunchCounter() as counter:
+                        m(x)
+                    assert counter.total == 1 + (m.bias is not None)  # the kernel (and a bias add)
+        assert all("forward" not in m.__dict__ for m in copy.modules)
+    if packing.int8_kernel_works("cpu", torch.float32):
+        assert (copy.packed[0].kernel == "int8mm") == (quantizer is None)
 
 
 def test_the_earlier_int8_g64_dense_copy_stays_reachable_and_dequantizes():

@@ -21,16 +21,16 @@ def scaling(monkeypatch):
     monkeypatch.setattr(module, "ROUNDS", 1)
     monkeypatch.setattr(module, "PROMPTS", 2)
     monkeypatch.setattr(module, "NEW_TOKENS", 6)
-    monkeypatch.setattr(module, "OPTIONS", {"specter": {"k": 4, "bits": 3}})
+    monkeypatch.setattr(module, "OPTIONS", {"specter": {"k": 4}})  # the table's (main() edits it)
     threads = torch.get_num_threads()  # main() runs on one thread, as the benchmark does
     yield module
     torch.set_num_threads(threads)
 
 
 def test_every_cell_decodes_its_references_and_prints_mean_and_median(scaling, capsys):
-    assert scaling.main(["--specter-k=2", "tiny"]) == 0
+    assert scaling.main(["--specter-k=2", "--specter-bits=3", "tiny"]) == 0
     out, err = capsys.readouterr()
-    assert "{'k': 2, 'bits': 3}" in out  # the window flag reached Specter's options
+    assert "{'k': 2, 'bits': 3}" in out  # the window and bits flags reached Specter's options
     row = next(line for line in out.splitlines() if line.startswith("| tiny"))
     cells = [c.strip() for c in row.strip("|").split("|")][1:]
     assert len(cells) == 2 + len(scaling.STRATEGIES) + 1  # stock, all resident, the strategies, Specter all resident
@@ -51,6 +51,7 @@ def test_the_mean_is_the_cells_cpu_time_over_its_tokens(scaling):
 
 
 @pytest.mark.parametrize("argv, says", [(["--specter-k=0", "tiny"], "--specter-k=0: K must be"),
+                                        (["--specter-bits=5", "tiny"], "--specter-bits=5: the draft's bits"),
                                         (["nowhere"], "unknown geometry 'nowhere'")])
 def test_a_bad_argument_is_one_line_and_exit_2(scaling, capsys, argv, says):
     assert scaling.main(argv) == 2

@@ -461,6 +461,7 @@ class QuantizedDense:
         self.kernel = price_kernel(self.kernels, spec)  # how the modeled clock prices the kernels that read this copy
         self.bytes_ratio = stored + 2 * dequant  # a dequantized weight: 16-bit written to scratch and read back
         self._active = False
+        self._bound = None  # each module's forward through this copy, made on the first entry
 
     def _forward(self, i: int, x: torch.Tensor) -> torch.Tensor:  # [..., C] -> [..., R]
         m = self.modules[i]
@@ -468,9 +469,27 @@ class QuantizedDense:
         y = self.packed[i].linear(x.reshape(-1, shape[-1]), self.scratch, m.bias)
         return y.reshape(*shape[:-1], y.shape[-1])
 
+    def _direct(self, i: int):
+        """Module ``i``'s forward straight to its low-bit kernel (no bias, one op: :meth:`PackedWeight.kernel_op`), or
+        None: the same op :meth:`_forward` reaches, without its per-call branching (a dense copy runs ~230 linears a
+        draft step at DeepSeek-V3 geometry)."""
+        op, rows = self.packed[i].kernel_op(), self.packed[i].shape[0]
+        if op is None or self.modules[i].bias is not None:
+            return None
+
+        def forward(x):  # [..., C] -> [..., R]
+            return op(x.reshape(-1, x.shape[-1]).contiguous()).view(*x.shape[:-1], rows)
+
+        return forward
+
     def __enter__(self):
-        for i, m in enumerate(self.modules):
-            m.forward = functools.partial(self._forward, i)  # an instance attribute: nn.Module.__call__ uses it
+        # an instance attribute ``forward``: nn.Module.__call__ uses it. Written into each module's dict (what
+        # nn.Module.__setattr__ ends in for a plain value) from forwards bound once: entering is per draft step, and
+        # 233 __setattr__ calls and partials (DeepSeek-V3 geometry) cost ~2 ms a step, a tenth of the step
+        if self._bound is None:
+            self._bound = [self._direct(i) or functools.partial(self._forward, i) for i in range(len(self.modules))]
+        for m, forward in zip(self.modules, self._bound):
+            m.__dict__["forward"] = forward
         self._active = True
         return self
 
@@ -489,7 +508,7 @@ class QuantizedDense:
     def release(self) -> None:
         if self._active:
             self.__exit__()
-        self.packed, self.scratch = [], torch.empty(0)
+        self.packed, self.scratch, self._bound = [], torch.empty(0), None
 
 
 def shared_dense(engine, spec: QuantSpec | None) -> QuantizedDense | None:
@@ -578,12 +597,20 @@ class QuantizedExperts:
         # layer -> (gate_up, down): each a StackedWeights where that projection is dequantized (a step's routed
         # experts dequantized together), None where a low-bit kernel runs it (one call per expert)
         self.stacks: dict = {}
+        self.kernel_ops: dict = {}
         self.chunk = draft_chunk(engine, spec, [p.kernel for p in first], [p.shape for p in first])
         if self.chunk > 1:  # (a chunk of one runs the per-expert path: fewer launches than a stacked one)
             for layer in range(engine.num_layers):
                 pairs = [self.packed[(layer, e)] for e in range(engine.num_experts)]
                 self.stacks[layer] = tuple(packing.StackedWeights([p[j] for p in pairs])
                                            if first[j].kernel == "dequant" else None for j in (0, 1))
+            # layer -> per projection, each expert's low-bit kernel with its operands bound (None where dequantized):
+            # what _compute_grouped calls once per routed expert
+            self.kernel_ops = {layer: tuple(None if self.stacks[layer][j] is not None else
+                                            [p[j].kernel_op() or p[j].linear
+                                             for p in (self.packed[(layer, e)] for e in range(engine.num_experts))]
+                                            for j in (0, 1))
+                               for layer in range(engine.num_layers)}
         elems = max(p.scratch_elems() for p in first) * self.chunk
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
         self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft
@@ -612,7 +639,7 @@ class QuantizedExperts:
 
     def release(self) -> None:
         """Free the packed weights and the scratch (the end of the cell)."""
-        self.packed, self.stacks, self.scratch = {}, {}, torch.empty(0)
+        self.packed, self.stacks, self.kernel_ops, self.scratch = {}, {}, {}, torch.empty(0)
 
     def weights(self, key):
         """Dense weights of one quantized expert, dequantized into new tensors (a substitute for a missed one)."""
@@ -645,7 +672,8 @@ class QuantizedExperts:
         over the stacked codes, then one batched GEMM (the scratch is reused for ``down``); a projection a low-bit
         kernel runs, that kernel once per expert, the results stacked for the other projection's batched GEMM."""
         gate_up, down = self.stacks[layer]
-        out, h = None, hidden.shape[1]
+        gate_up_ops, down_ops = self.kernel_ops[layer]
+        out, h, hidden = None, hidden.shape[1], hidden.contiguous()  # (the bound kernels take contiguous inputs)
         for lo in range(0, top_k_index.shape[1], self.chunk):  # chunks of the routed experts (distinct)
             experts = top_k_index[0, lo:lo + self.chunk]  # [c]
             c = experts.shape[0]
@@ -653,13 +681,13 @@ class QuantizedExperts:
                 x = hidden.expand(c, h).unsqueeze(1)  # [c, 1, H]
                 gu = torch.bmm(x, gate_up.dequantize(experts, self.scratch).transpose(1, 2))  # [c, 1, 2I]
             else:
-                gu = torch.stack([self.packed[(layer, e)][0].linear(hidden) for e in ids[lo:lo + c]])  # [c, 1, 2I]
+                gu = torch.stack([gate_up_ops[e](hidden) for e in ids[lo:lo + c]])  # [c, 1, 2I]
             gate, up = gu.chunk(2, dim=-1)
             a = act_fn(gate) * up  # [c, 1, I]
             if down is not None:
                 y = torch.bmm(a, down.dequantize(experts, self.scratch).transpose(1, 2))  # [c, 1, H]
             else:
-                y = torch.stack([self.packed[(layer, e)][1].linear(a[i]) for i, e in enumerate(ids[lo:lo + c])])
+                y = torch.stack([down_ops[e](a[i]) for i, e in enumerate(ids[lo:lo + c])])
             part = torch.mm(top_k_weights[:, lo:lo + c].to(y.dtype), y.view(c, h))  # [1, H]
             out = part if out is None else out + part
         return out.to(hidden.dtype)

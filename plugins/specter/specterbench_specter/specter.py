@@ -248,7 +248,9 @@ class Specter(SpeculativeDecoding):
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
         cache = self.engine.cache
-        self.window_residents = {key for key in self.residents if key in cache}  # cached as the window starts
+        # cached as the window starts: the intersection in C (a comprehension over ~all residents was ~6 ms a
+        # window at DeepSeek-V3 geometry, 7,000+ residents)
+        self.window_residents = cache.cached(self.residents)
         self.residents_cached, self.residents_read = len(self.window_residents), 0
         self.governor.plan_slots = self.slots - self.residents_cached
         self.window_in_tail = remaining <= max(self.governor.choices) + 1
