@@ -134,33 +134,40 @@ class DeviceCache:
 class Candidates(Sequence):
     """The experts that may be evicted now, least recently used first: a live view, not a copy.
 
-    ``key in candidates``, ``len``, ``candidates[0]`` and ``bool`` cost O(excluded); iterating costs what it
-    yields, so ``candidates[0]`` or a loop that stops early stays cheap in a cache of thousands of entries;
-    ``in_layer(layer)`` iterates one layer's candidates. Valid until the next eviction.
+    ``excluded``: what the engine holds back now (in use, busy, on the link); ``protect``: the caller's set, read in
+    place, never copied (a planner protects thousands of predicted experts, and make_room builds a view per
+    eviction). ``key in candidates`` costs O(1); ``len`` and ``bool`` O(excluded + protect) at most; iterating
+    costs what it yields, so ``candidates[0]`` or a loop that stops early stays cheap in a cache of thousands of
+    entries; ``in_layer(layer)`` iterates one layer's candidates. Valid until the next eviction.
     """
 
-    __slots__ = ("_cache", "_excluded")
+    __slots__ = ("_cache", "_excluded", "_protect")
 
-    def __init__(self, cache: DeviceCache, excluded: Collection[ExpertKey]):
+    def __init__(self, cache: DeviceCache, excluded: Collection[ExpertKey], protect: Collection[ExpertKey] = ()):
         self._cache, self._excluded = cache, excluded
+        self._protect = protect if isinstance(protect, (set, frozenset)) else set(protect)
+
+    def _out(self, key) -> bool:
+        return key in self._excluded or key in self._protect
 
     def __iter__(self) -> Iterator[ExpertKey]:
-        ex = self._excluded
-        return (k for k in self._cache.slots if k not in ex)
+        ex, pr = self._excluded, self._protect
+        return (k for k in self._cache.slots if k not in ex and k not in pr)
 
     def in_layer(self, layer: int) -> Iterator[ExpertKey]:
-        ex = self._excluded
-        return (k for k in self._cache.iter_layer(layer) if k not in ex)
+        ex, pr = self._excluded, self._protect
+        return (k for k in self._cache.iter_layer(layer) if k not in ex and k not in pr)
 
     def __contains__(self, key) -> bool:
-        return key in self._cache.slots and key not in self._excluded
+        return key in self._cache.slots and not self._out(key)
 
     def __len__(self) -> int:
-        slots = self._cache.slots
-        return len(slots) - sum(1 for k in self._excluded if k in slots)
+        slots, ex = self._cache.slots, self._excluded
+        return (len(slots) - sum(1 for k in ex if k in slots)
+                - sum(1 for k in self._protect if k in slots and k not in ex))
 
-    def __bool__(self) -> bool:
-        return len(self._cache.slots) > len(self._excluded) or len(self) > 0  # O(1) while entries outnumber exclusions
+    def __bool__(self) -> bool:  # O(1) while entries outnumber exclusions
+        return len(self._cache.slots) > len(self._excluded) + len(self._protect) or len(self) > 0
 
     def __getitem__(self, i):
         if isinstance(i, int) and i >= 0:

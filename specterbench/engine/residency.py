@@ -117,13 +117,12 @@ class CacheControl:
     def candidates(self, protect: Collection[ExpertKey] = ()) -> Candidates:
         """Cached experts that may be evicted now (not in use, not on the link, not in ``protect``), least
         recently used first: a live view (see :class:`~specterbench.engine.cache.Candidates`)."""
-        excluded = set(protect) if protect else set()
+        excluded = set(self.cache.busy)
         if self.cache.in_use is not None:
             excluded.add(self.cache.in_use)
-        excluded |= self.cache.busy
         for t in self.clock.in_flight():
             excluded.add(t.key)
-        return Candidates(self.cache, excluded)
+        return Candidates(self.cache, excluded, protect)  # ``protect`` read in place (a set), not copied
 
     def evictable(self) -> list[ExpertKey]:
         """Cached experts that may be evicted now, least recently used first (a list: O(cache))."""

@@ -116,21 +116,24 @@ class LookaheadPlanner:
 
     def begin(self) -> None:
         self.counts: dict[int, Counter] = {}
+        self._predicted: set = set()  # every (layer, expert) in counts, kept as they grow (the plan's protection)
         self.planned: set = set()  # issued or found cached this window
         self.issued: set = set()  # copies issued this window
 
     def predicted(self) -> set:
-        return {(layer, e) for layer, c in self.counts.items() for e in c}
+        return set(self._predicted)
 
     def waiting(self) -> list:
-        """Predicted experts not yet planned, earliest needed first."""
-        keys = [(layer, e, n) for layer, c in self.counts.items() for e, n in c.items()
-                if (layer, e) not in self.planned]
-        return [(layer, e) for layer, e, n in sorted(keys, key=lambda x: (x[0], -x[2], x[1]))]
+        """Predicted experts not yet planned, earliest needed first (layer, then most routed, then number)."""
+        planned = self.planned
+        order = sorted((layer, -n, e) for layer, c in self.counts.items() for e, n in c.items()
+                       if (layer, e) not in planned)  # plain tuples: no key function per entry
+        return [(layer, e) for layer, _, e in order]
 
     def after_step(self, routing, step_s: float, chunk_s: float | None = None) -> None:
         for layer, experts, counts in routing:
             self.counts.setdefault(layer, Counter()).update(dict(zip(experts, counts)))
+            self._predicted.update((layer, e) for e in experts)
         engine = self.engine
         bw = engine.link_bytes_per_s()
         span = step_s if chunk_s is None else chunk_s
@@ -142,7 +145,9 @@ class LookaheadPlanner:
         has room for them; ``from_layer``: only layers from there on (and only their predictions are protected, so
         that the layers before give their slots)."""
         engine = self.engine
-        protect = {key for key in self.predicted() if key[0] >= from_layer}
+        # the predictions protected from eviction: the set itself where every layer's are (make_room reads it in
+        # place: nothing in this loop adds to it), else those of the layers from ``from_layer`` on
+        protect = self._predicted if from_layer == 0 else {key for key in self._predicted if key[0] >= from_layer}
         waiting = [key for key in self.waiting() if key[0] >= from_layer]
         for key in waiting[:n]:
             if key in engine.cache:
