@@ -248,8 +248,8 @@ class Specter(SpeculativeDecoding):
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
         cache = self.engine.cache
-        # cached as the window starts: the intersection in C (a comprehension over ~all residents was ~6 ms a
-        # window at DeepSeek-V3 geometry, 7,000+ residents)
+        # cached as the window starts: one intersection in C (a comprehension through the cache's __contains__ took
+        # 1.2 ms a window over 14,848 residents, the intersection 0.5 ms)
         self.window_residents = cache.cached(self.residents)
         self.residents_cached, self.residents_read = len(self.window_residents), 0
         self.governor.plan_slots = self.slots - self.residents_cached
