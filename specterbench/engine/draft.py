@@ -597,20 +597,18 @@ class QuantizedExperts:
         # layer -> (gate_up, down): each a StackedWeights where that projection is dequantized (a step's routed
         # experts dequantized together), None where a low-bit kernel runs it (one call per expert)
         self.stacks: dict = {}
+        # layer -> (gate_up, down): where a low-bit kernel runs that projection, each expert's kernel with its
+        # operands bound (what _compute_grouped calls once per routed expert); None where it is stacked
         self.kernel_ops: dict = {}
         self.chunk = draft_chunk(engine, spec, [p.kernel for p in first], [p.shape for p in first])
         if self.chunk > 1:  # (a chunk of one runs the per-expert path: fewer launches than a stacked one)
             for layer in range(engine.num_layers):
                 pairs = [self.packed[(layer, e)] for e in range(engine.num_experts)]
-                self.stacks[layer] = tuple(packing.StackedWeights([p[j] for p in pairs])
-                                           if first[j].kernel == "dequant" else None for j in (0, 1))
-            # layer -> per projection, each expert's low-bit kernel with its operands bound (None where dequantized):
-            # what _compute_grouped calls once per routed expert
-            self.kernel_ops = {layer: tuple(None if self.stacks[layer][j] is not None else
-                                            [p[j].kernel_op() or p[j].linear
-                                             for p in (self.packed[(layer, e)] for e in range(engine.num_experts))]
-                                            for j in (0, 1))
-                               for layer in range(engine.num_layers)}
+                stacked = [first[j].kernel == "dequant" for j in (0, 1)]
+                self.stacks[layer] = tuple(packing.StackedWeights([p[j] for p in pairs]) if stacked[j] else None
+                                           for j in (0, 1))
+                self.kernel_ops[layer] = tuple(None if stacked[j] else [p[j].kernel_op() or p[j].linear for p in pairs]
+                                               for j in (0, 1))
         elems = max(p.scratch_elems() for p in first) * self.chunk
         self.scratch = torch.empty(elems, dtype=engine.compute_dtype, device=engine.device)
         self.runs = first[0].kernel if first[0].kernel == first[1].kernel else "mixed"  # what computes the draft

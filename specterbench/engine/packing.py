@@ -126,10 +126,13 @@ _INT4_MM_CPU = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 _INT8_MM = torch.ops.aten._weight_int8pack_mm.default
 
 
+def _int4_op(device: torch.device):
+    """torch's int4 weight-only matmul for ``device``: ``(x, layout, group, scale_zero) -> x @ W.T``."""
+    return _INT4_MM_CPU if device.type == "cpu" else torch.ops.aten._weight_int4pack_mm.default
+
+
 def _int4_mm(x: torch.Tensor, layout: torch.Tensor, group: int, scale_zero: torch.Tensor) -> torch.Tensor:
-    if x.device.type == "cpu":
-        return _INT4_MM_CPU(x, layout, group, scale_zero)
-    return torch.ops.aten._weight_int4pack_mm(x, layout, group, scale_zero)  # pragma: no cover - needs CUDA
+    return _int4_op(x.device)(x, layout, group, scale_zero)
 
 
 @functools.lru_cache(maxsize=None)
@@ -377,8 +380,7 @@ class PackedWeight:
         """``x -> x @ W.T`` for a contiguous ``x`` [T, C] as one call of this weight's low-bit kernel, its operands
         bound (what :meth:`linear` runs for it); None where the weight is dequantized or on bitsandbytes."""
         if self.kernel == "int4mm":
-            op = _INT4_MM_CPU if self.codes.device.type == "cpu" else torch.ops.aten._weight_int4pack_mm.default
-            return lambda x, op=op, c=self.codes, g=self.group, t=self.table: op(x, c, g, t)
+            return lambda x, op=_int4_op(self.codes.device), c=self.codes, g=self.group, t=self.table: op(x, c, g, t)
         if self.kernel == "int8mm":
             return lambda x, op=_INT8_MM, c=self.codes, s=self.scale: op(x, c, s)
         return None
