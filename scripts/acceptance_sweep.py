@@ -101,7 +101,8 @@ def draft_agreement(model_name: str, bits: int, scale: float, head: float, windo
 
     from specterbench import embedded
     from specterbench.embedded import fidelity
-    from specterbench.engine.draft import QuantSpec, dense_spec
+    from specterbench.engine.draft import QuantSpec
+    from specterbench.engine.dense_copy import dense_spec
 
     torch.set_num_threads(1)
     if model_name not in _LOADED:

@@ -4,8 +4,9 @@ what it is charged, computing equal to the dequantized values, and copies releas
 import pytest
 import torch
 
-from specterbench.engine.draft import (QuantizedDense, QuantizedExperts, QuantSpec, dense_spec, drafts_allocated_bytes,
-                                      live_drafts, pack, quantized_bytes, roundtrip, shared_dense, shared_quantized)
+from specterbench.engine.draft import (QuantizedExperts, QuantSpec, drafts_allocated_bytes, live_drafts, pack,
+                                       quantized_bytes, roundtrip, shared_quantized)
+from specterbench.engine.dense_copy import QuantizedDense, dense_spec, shared_dense
 from specterbench.engine.engine import Engine
 from specterbench.engine import packing
 from specterbench.engine.models import tiny_random
@@ -174,6 +175,17 @@ def test_an_entered_dense_copy_runs_each_module_through_its_kernel_and_leaves_no
         assert (copy.packed[0].kernel == "int8mm") == (quantizer is None)
 
 
+def test_the_dense_copy_is_still_importable_where_the_plugin_guide_first_named_it():
+    from specterbench.engine import dense_copy, draft
+    from specterbench.engine.draft import dense_quantized_bytes, dense_spec as spec_from_draft, shared_dense as shared
+
+    assert (shared, spec_from_draft, dense_quantized_bytes) == (dense_copy.shared_dense, dense_copy.dense_spec,
+                                                                  dense_copy.dense_quantized_bytes)
+    assert draft.QuantizedDense is QuantizedDense
+    with pytest.raises(AttributeError):
+        draft.no_such_name
+
+
 def test_the_earlier_int8_g64_dense_copy_stays_reachable_and_dequantizes():
     spec = dense_spec(8, quantizer="int")
     assert spec.label() == "int8/g64"
@@ -272,7 +284,7 @@ def test_drafts_live_for_one_cell_and_are_freed_when_it_ends():
 
 def test_dense_copy_is_swapped_in_for_one_pass_and_priced_at_its_bits():
     from specterbench.engine.clocks import ModeledClock
-    from specterbench.engine.draft import QuantizedDense, dense_spec
+    from specterbench.engine.dense_copy import QuantizedDense, dense_spec
     from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
     from specterbench.plugins.strategy import Strategy
 
@@ -301,7 +313,7 @@ def test_dense_copy_is_swapped_in_for_one_pass_and_priced_at_its_bits():
 
 @pytest.mark.parametrize("value", ["5", "fp8", "32"])
 def test_bad_dense_bits_are_one_line(value):
-    from specterbench.engine.draft import dense_spec
+    from specterbench.engine.dense_copy import dense_spec
 
     with pytest.raises(UsageError, match="use one of 16, 8, 4, 3") as err:
         dense_spec(value)
@@ -309,7 +321,7 @@ def test_bad_dense_bits_are_one_line(value):
 
 
 def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
-    from specterbench.engine.draft import dense_params, dense_quantized_bytes, dense_spec
+    from specterbench.engine.dense_copy import dense_params, dense_quantized_bytes, dense_spec
     from specterbench.engine.geometry import project
 
     model, tok = tiny_random("mixtral")

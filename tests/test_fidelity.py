@@ -11,8 +11,8 @@ import torch
 from specterbench import embedded
 from specterbench.embedded import fidelity
 from specterbench.embedded.train import reliance_loss, routed_experts_removed
-from specterbench.engine.draft import (QuantSpec, QuantizedDense, dense_spec, model_error_scale,
-                                       model_head_error_scale, roundtrip, shared_quantized)
+from specterbench.engine.draft import QuantSpec, model_error_scale, roundtrip, shared_quantized
+from specterbench.engine.dense_copy import QuantizedDense, dense_spec, model_head_error_scale
 from specterbench.errors import ModelError, UsageError
 
 INT4 = dict(bits=4, blocksize=128, quantizer="int")

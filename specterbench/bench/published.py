@@ -259,7 +259,7 @@ def price_component(host, m: Measurement) -> float:
 def dense_bytes(geometry, precision) -> float:
     """Device bytes of everything but the routed experts at ``geometry`` (a projection's real model): attention,
     shared and dense MLPs and the head at the target's dense bits, the embedding and the routers at 16 bits."""
-    from specterbench.engine.draft import dense_params
+    from specterbench.engine.dense_copy import dense_params
 
     g = geometry
     spec = precision.dense_spec

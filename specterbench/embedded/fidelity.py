@@ -77,7 +77,8 @@ def without_routed_experts(model):
 def draft_copy(model, spec, dense=None):
     """A float32 copy of ``model`` as a self-draft computes: routed experts through ``spec`` (its error scale
     included), every other linear layer but the shared-expert gates through ``dense`` (None: the target's)."""
-    from specterbench.engine.draft import dense_copy_specs, roundtrip
+    from specterbench.engine.draft import roundtrip
+    from specterbench.engine.dense_copy import dense_copy_specs
 
     draft = copy.deepcopy(model).float().eval()
     with torch.no_grad():
@@ -254,7 +255,8 @@ def fit_calibration(model, tokenizer, seq_len: int, n_windows: int = FIT_WINDOWS
        a tiny model's tokens barely move when a low-weight expert of the top-k changes, so the experts' scale
        alone leaves its tokens far more faithful than a real draft's (0.99 at the anchor's expert-set agreement).
     """
-    from specterbench.engine.draft import QuantSpec, dense_spec
+    from specterbench.engine.draft import QuantSpec
+    from specterbench.engine.dense_copy import dense_spec
 
     windows = text_windows(tokenizer, n_windows, seq_len, split="calibration")
     dense = dense_spec(8)

@@ -241,7 +241,7 @@ FIDELITY_DENSE_BITS = 8
 
 def fidelity_dense():
     """The dense copy the fidelity rows are measured with: Specter's default at :data:`FIDELITY_DENSE_BITS`."""
-    from specterbench.engine.draft import dense_spec
+    from specterbench.engine.dense_copy import dense_spec
 
     return dense_spec(FIDELITY_DENSE_BITS)
 
@@ -267,7 +267,8 @@ def fidelity_rows(model, tokenizer, seq_len: int, size: ReportSize = DEFAULT_SIZ
     copy at the model's draft-fidelity calibration; each with its checks (:data:`fidelity.INT4_BANDS`,
     :data:`fidelity.REMOVED_MAX`, int2 < int3 < int4)."""
     from specterbench.embedded import fidelity
-    from specterbench.engine.draft import QuantSpec, model_error_scale, model_head_error_scale
+    from specterbench.engine.draft import QuantSpec, model_error_scale
+    from specterbench.engine.dense_copy import model_head_error_scale
 
     windows = fidelity.text_windows(tokenizer, max(1, size.draft_windows), seq_len)
     removed = fidelity.agreement(model, fidelity.without_routed_experts(model), windows)

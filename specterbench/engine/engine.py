@@ -409,7 +409,7 @@ class Engine(CacheControl):
 
         ``experts``: a callable with the fused-experts signature plus the layer index, used instead of the
         offloaded cache for this pass (a resident self-draft); the strategy is not consulted then.
-        ``dense``: a :class:`~specterbench.engine.draft.QuantizedDense` swapped in for this pass (a draft's
+        ``dense``: a :class:`~specterbench.engine.dense_copy.QuantizedDense` swapped in for this pass (a draft's
         low-bit attention, shared experts and head), its weights priced at its ``bytes_ratio``.
         """
         T = input_ids.shape[1]

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specterbench.engine.draft import QuantSpec, dense_linears, roundtrip
+from specterbench.engine.draft import QuantSpec, roundtrip
+from specterbench.engine.dense_copy import dense_linears
 from specterbench.engine.geometry import Geometry
 from specterbench.errors import UsageError
 

@@ -92,7 +92,7 @@ def parse_drafts(text: str | None) -> tuple[dict, ...] | None:
             opts = {"quantizer": "bnb", "bits": 8, "blocksize": int(m.group(6))}
         QuantSpec.from_options(opts)  # bits the quantizer cannot do: one line now
         if dense:
-            from specterbench.engine.draft import dense_spec
+            from specterbench.engine.dense_copy import dense_spec
 
             dense_spec(dense)
             opts["dense_bits"] = int(dense)

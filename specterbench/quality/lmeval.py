@@ -158,7 +158,8 @@ class SpecterbenchLM(TemplateLM):
             if self.variant == REFERENCE:
                 self.strategy.prepare(engine)
             else:
-                from specterbench.engine.draft import QuantSpec, dense_spec, draft_label, shared_dense, shared_quantized
+                from specterbench.engine.draft import QuantSpec, draft_label, shared_quantized
+                from specterbench.engine.dense_copy import dense_spec, shared_dense
 
                 spec = QuantSpec.from_options(options)  # one parser, one-line errors (bits, group, quantizer)
                 dense = dense_spec(options.get("dense_bits", 16))  # the draft's own attention/shared/head copy

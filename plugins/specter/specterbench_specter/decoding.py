@@ -24,8 +24,8 @@ from collections import Counter
 import torch
 
 from specterbench import Strategy
-from specterbench.engine.draft import (QuantSpec, dense_quantized_bytes, dense_spec, draft_label, quantized_bytes,
-                                       shared_dense, shared_quantized)
+from specterbench.engine.draft import QuantSpec, draft_label, quantized_bytes, shared_quantized
+from specterbench.engine.dense_copy import dense_quantized_bytes, dense_spec, shared_dense
 from specterbench.engine.precision import check_draft_below
 from specterbench.errors import BudgetError, UsageError
 

@@ -214,7 +214,7 @@ def test_specter_drafts_at_4_bits_and_falls_back_to_3_where_only_that_fits():
     charged as such; naming the bits turns the fallback off (a one-line refusal instead)."""
     engine = engine_for()
     need = {b: quantized_bytes(engine, Specter(bits=b).spec) + engine.min_budget_bytes() for b in (3, 4)}
-    from specterbench.engine.draft import dense_quantized_bytes
+    from specterbench.engine.dense_copy import dense_quantized_bytes
     dense = dense_quantized_bytes(engine, Specter.dense_spec_of({}))
     assert need[3] < need[4]
     roomy, tight = need[4] + dense + engine.expert_bytes, need[3] + dense + 1
@@ -295,7 +295,8 @@ def test_check_budget_names_the_smallest_budget_that_works():
 
 
 def test_the_dense_copy_is_charged_with_the_draft_and_given_back_with_it():
-    from specterbench.engine.draft import dense_quantized_bytes, dense_spec, quantized_bytes
+    from specterbench.engine.draft import quantized_bytes
+    from specterbench.engine.dense_copy import dense_quantized_bytes, dense_spec
 
     engine = engine_for()
     engine.geometry = project(engine.own_geometry, "mixtral")
