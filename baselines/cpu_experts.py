@@ -1,6 +1,6 @@
-from specterbench.engine.clocks import DEMAND_PRIORITY
+from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import UsageError
-from specterbench.plugins.strategy import FETCH, ON_HOST
+from specterbench.strategy import FETCH, ON_HOST
 
 from .options import flag
 from .static import StaticPlacement

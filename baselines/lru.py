@@ -1,4 +1,4 @@
-from specterbench import Strategy
+from specterbench.strategy import Strategy
 
 from .options import flag
 

@@ -1,6 +1,6 @@
 from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
 from specterbench.engine.precision import check_draft_below
-from specterbench.plugins.strategy import SUBSTITUTE
+from specterbench.strategy import SUBSTITUTE
 
 from .lru import LRU
 

@@ -2,8 +2,8 @@ import heapq
 from bisect import bisect_right
 from collections import defaultdict
 
-from specterbench import Strategy
 from specterbench.errors import EngineViolation
+from specterbench.strategy import Strategy
 
 INF = float("inf")
 

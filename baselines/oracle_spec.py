@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from specterbench.engine.clocks import DEMAND_PRIORITY
+from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import EngineViolation
-from specterbench.plugins.strategy import FETCH, ON_HOST
+from specterbench.strategy import FETCH, ON_HOST
 
 from .oracle import Oracle
 

@@ -1,5 +1,5 @@
-from specterbench import Strategy
 from specterbench.errors import BudgetError
+from specterbench.strategy import Strategy
 
 
 class Resident(Strategy):

@@ -2,7 +2,7 @@ from collections import OrderedDict
 
 import torch
 
-from specterbench import Strategy
+from specterbench.strategy import Strategy
 
 
 class StaticPlacement(Strategy):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from specterbench.engine.cache import DeviceCache, Slot
+from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.geometry import geometry_preset
-from specterbench.engine.profiles import BUILTIN_PROFILES
-from specterbench.engine.clocks import DEMAND_PRIORITY, ModeledClock
+from specterbench.engine.profiles import default_profile
+from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 LAYERS, EXPERTS, TOP_K = 32, 8, 2  # Mixtral-8x7B's shape
 EXPERT_BYTES = 1000
@@ -54,7 +55,7 @@ def test_cache_insert_evict(benchmark):
     benchmark.extra_info["slots_per_round"] = len(KEYS)
 
 
-@pytest.mark.parametrize("profile", [BUILTIN_PROFILES[0]], ids=lambda p: p.name)
+@pytest.mark.parametrize("profile", [default_profile()], ids=lambda p: p.name)
 def test_modeled_clock_layer(benchmark, profile):
     """One decode token's timeline at Mixtral's geometry: per layer, prefetch the next layer's experts, wait for
     this layer's, charge their compute (issue / expected_arrival / wait / compute)."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from scaling import GEOMETRIES, STRATEGIES, World, stock_ms_per_token
 
 _WORLDS: dict = {}

@@ -57,9 +57,10 @@ class World:
 @pytest.fixture(scope="session")
 def world(tmp_path_factory) -> World:
     """One engine on the tiny model, its reference tokens and routing, and the calibration (built once)."""
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.runner import BenchConfig, Runner, encode_prompts
     from specterbench.plugins.host import get_host
-    from specterbench.bench.runner import BenchConfig, Runner, encode_prompts, parse_budget
-    from specterbench.plugins.testing import SMALL_PROMPTS
+    from specterbench.testing.pytest_plugin import SMALL_PROMPTS
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

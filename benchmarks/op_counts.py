@@ -18,18 +18,18 @@ STEPS = 6
 
 
 def build(geometry: str):
+    from specterbench.catalog.tiny import routing_geometry_random
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import routing_geometry_random
 
     return Engine(routing_geometry_random(geometry), name=f"random-{geometry}")
 
 
 def configure(engine, strategy, budget_bytes: int) -> None:
     from specterbench.engine.clocks import ModeledClock
-    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+    from specterbench.engine.profiles import default_host_profile, default_profile
 
-    engine.configure(strategy, budget_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry,
-                                                          BUILTIN_HOST_PROFILES[0]))
+    engine.configure(strategy, budget_bytes, ModeledClock(default_profile(), engine.geometry,
+                                                          default_host_profile()))
 
 
 def resident(engine):
@@ -72,7 +72,7 @@ def ops_per_specter_token(engine, k: int = 4) -> float:
     """Ops per token Specter emits (draft steps, verification, sampling), one request of 16 tokens."""
     from specterbench.engine.kernels import LaunchCounter
     from specterbench.plugins.host import get_host
-    from specterbench.plugins.strategy import Request
+    from specterbench.strategy import Request
 
     strategy = get_host().strategies().get("specter")(k=k, bits=3)  # the int3 draft the README table counts
     configure(engine, strategy, engine.total_expert_bytes // 2)
@@ -97,7 +97,7 @@ def row(geometry: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from specterbench.engine.models import ROUTING_GEOMETRIES
+    from specterbench.catalog.tiny import ROUTING_GEOMETRIES
 
     torch.set_num_threads(1)
     print("kernel-launching ops per decode token (random-init, hidden 64; forward + sampling; counted)")

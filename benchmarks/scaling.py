@@ -72,7 +72,7 @@ class World:
     @classmethod
     def build(cls, geometry: str) -> "World":
         from specterbench.engine.engine import Engine
-        from specterbench.plugins.strategy import Calibration, Request
+        from specterbench.strategy import Request, RoutingCalibration
 
         experts, layers, top_k = GEOMETRIES[geometry]
         engine = Engine(random_model(experts, layers, top_k), name=f"random-{geometry}")
@@ -97,11 +97,11 @@ class World:
             engine.decode(Request(f"c{i}", cal, 4))
             engine.stop_recording()
             sequences.append(one.counts.clone())
-        calibration = Calibration(sum(sequences), (), tuple(sequences))
+        calibration = RoutingCalibration(sum(sequences), (), tuple(sequences))
         return cls(engine, prompts, tuple(references), calibration)
 
     def request(self, i: int = 0):
-        from specterbench.plugins.strategy import Request
+        from specterbench.strategy import Request
 
         tokens, trace = self.references[i]
         return Request(f"p{i}", self.prompts[i], NEW_TOKENS, tokens, trace)
@@ -217,10 +217,10 @@ class _Resident:
 
 def configure(engine, strategy, budget_bytes: int) -> None:
     from specterbench.engine.clocks import ModeledClock
-    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+    from specterbench.engine.profiles import default_host_profile, default_profile
 
-    engine.configure(strategy, budget_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry,
-                                                          BUILTIN_HOST_PROFILES[0]))
+    engine.configure(strategy, budget_bytes, ModeledClock(default_profile(), engine.geometry,
+                                                          default_host_profile()))
 
 
 def main(argv: list[str]) -> int:

@@ -68,8 +68,8 @@ def run_per_budget(args, model: str, strategies: str, out: Path, run_id: str, se
 
 def model_scales(model: str) -> tuple[float, float]:
     """The model's draft-fidelity calibration: (routed experts' error scale, output head's)."""
-    from specterbench import embedded
-    from specterbench.embedded.fidelity import load_calibration
+    from specterbench.catalog import embedded
+    from specterbench.catalog.embedded import load_calibration
 
     cal = load_calibration(embedded.model_dir(model))
     return (cal.error_scale, cal.head_error_scale) if cal is not None else (1.0, 1.0)
@@ -95,19 +95,19 @@ def parse_scales(text: str, own: tuple[float, float]) -> list[tuple[str, float, 
 
 def draft_agreement(model_name: str, bits: int, scale: float, head: float, windows: int = 4) -> float:
     """The draft's per-token agreement with its target, sampled at the default decode and teacher-forced on
-    held-out windows (:mod:`specterbench.embedded.fidelity`): the acceptance the draft offers, whatever K the
+    held-out windows (:mod:`specterbench.studies.fidelity`): the acceptance the draft offers, whatever K the
     governor then takes (none, when it predicts plain decoding cheaper)."""
     import torch
 
-    from specterbench import embedded
-    from specterbench.embedded import fidelity
-    from specterbench.engine.draft import QuantSpec
+    from specterbench.catalog import corpus, embedded
     from specterbench.engine.dense_copy import dense_spec
+    from specterbench.engine.draft import QuantSpec
+    from specterbench.studies import fidelity
 
     torch.set_num_threads(1)
     if model_name not in _LOADED:
         model, tok = embedded.load(model_name)
-        _LOADED[model_name] = (model, fidelity.text_windows(tok, windows, 256))
+        _LOADED[model_name] = (model, corpus.text_windows(tok, windows, 256))
     model, held = _LOADED[model_name]
     spec = QuantSpec(bits=bits, blocksize=128, quantizer="int", error_scale=scale)
     return fidelity.agreement(model, fidelity.draft_copy(model, spec, dense_spec(8, head_error_scale=head)),

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/decode_closeness.py [--models tiny-mixtral,tiny-qwen-moe,tiny-deepseek] [--temperatures 0.7,1.0]
 
 For each embedded model and each setting (greedy, then sampling at each temperature) it runs the realism report
-(:mod:`specterbench.embedded.realism`: routing of the held-out text teacher-forced, and of the sampled
+(:mod:`specterbench.studies.realism`: routing of the held-out text teacher-forced, and of the sampled
 continuations of the benchmark prompts) and prints, per setting, the mean absolute difference between decode and
 teacher-forced routing over model-level LRU at rho = 1, 2, Belady at rho = 2, per-layer LRU at the bench budgets and
 adjacent-token expert reuse, with the share of repeated 8-grams. The closest sampled setting is the default.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specterbench.embedded.realism import report
 from specterbench.engine.sampling import GREEDY, DecodeSetting
+from specterbench.studies.realism import report
 
 KEYS = ("lru_rho1", "lru_rho2", "belady_rho2", "layer_lru_35pct", "layer_lru_50pct", "adjacent_reuse")
 

@@ -94,7 +94,7 @@ if [ -d "$SITE/tf" ]; then export PYTHONPATH="$SITE/tf:$PYTHONPATH"; fi  # the c
 step cuda-tests tests.txt 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_nvml.py \
   tests/test_kv_cache.py tests/test_clock_cuda_fake.py tests/test_gpu_numerics.py
 step probe probe.md 60 "$PY" scripts/gpu_probe.py
-step calibrate calibrate.txt 45 "$PY" -m specterbench.bench.calibrate --device cuda --shape 4096,14336 \
+step calibrate calibrate.txt 45 "$PY" -m specterbench calibrate --device cuda --shape 4096,14336 \
   --out "$OUT/profile.toml"
 step validate validate.md 150 validate_both
 step graphs graphs.md 45 "$PY" scripts/gpu_graphs.py

@@ -18,11 +18,11 @@ import torch
 
 def decode(engine, strategy_cls, profile, prompts, tokens, setting):
     from specterbench.engine.clocks import ModeledClock
-    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES
-    from specterbench.plugins.strategy import Request
+    from specterbench.engine.profiles import default_host_profile
+    from specterbench.strategy import Request
 
     engine.configure(strategy_cls(), engine.total_expert_bytes,
-                     ModeledClock(profile, engine.geometry, BUILTIN_HOST_PROFILES[0]))
+                     ModeledClock(profile, engine.geometry, default_host_profile()))
     engine.strategy.prepare(engine, None)
     state = engine.setup_graphs(setting)
     outputs, host_ms, modeled_ms = [], [], []
@@ -40,10 +40,10 @@ def decode(engine, strategy_cls, profile, prompts, tokens, setting):
 
 
 def main(argv=None) -> int:
+    from specterbench.bench.runner import encode_prompts, load_prompts
     from specterbench.engine.engine import Engine
     from specterbench.engine.geometry import project
     from specterbench.plugins.host import get_host
-    from specterbench.bench.runner import encode_prompts, load_prompts
 
     p = argparse.ArgumentParser()
     p.add_argument("--profile", default="a100-40g-pcie4")

@@ -50,9 +50,9 @@ def events_seconds(fn, reps: int = 5, stream=None) -> float:
 def transformers_and_kv() -> None:
     import transformers
 
+    from specterbench.catalog.tiny import tiny_random
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import tiny_random
-    from specterbench.plugins.strategy import Strategy
+    from specterbench.strategy import Strategy
 
     say("## transformers and the KV cache")
     model, tok = tiny_random("mixtral")
@@ -77,7 +77,8 @@ def bandwidth() -> None:
         host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
         dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         n = 8 if nbytes < 10**8 else 4
-        sec = events_seconds(lambda: [dev.copy_(host, non_blocking=True) for _ in range(n)], stream=stream) / n
+        sec = events_seconds(lambda dev=dev, host=host: [dev.copy_(host, non_blocking=True) for _ in range(n)],
+                             stream=stream) / n
         say(f"- {label}: {nbytes / sec / 1e9:.1f} GB/s ({sec * 1e3:.2f} ms per copy, {n} back to back)")
         del host, dev
 
@@ -178,10 +179,10 @@ def nvml_width() -> None:
 
 
 def packed_draft() -> None:
+    from specterbench.catalog.tiny import tiny_random
     from specterbench.engine import packing
     from specterbench.engine.draft import QuantizedExperts, QuantSpec
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import tiny_random
 
     say("\n## packed drafts on CUDA")
     say(f"torch int4 weight-only matmul works in bf16 here: {packing.int4_kernel_works('cuda', torch.bfloat16)}")

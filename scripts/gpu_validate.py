@@ -31,10 +31,9 @@ def config(geometry: str):
 
 
 def main(argv=None) -> int:
-    from specterbench.bench.runner import parse_budget
+    from specterbench.bench.budget import parse_budget
     from specterbench.bench.validate import validate
-    from specterbench.engine.checkpoint import write_random_checkpoint
-    from specterbench.engine.models import register_local_model
+    from specterbench.catalog.checkpoint import write_random_checkpoint
     from specterbench.plugins.host import get_host
 
     p = argparse.ArgumentParser()
@@ -51,7 +50,7 @@ def main(argv=None) -> int:
     if not (ckpt / "config.json").exists():
         write_random_checkpoint(ckpt, config(args.geometry))
     host = get_host()
-    name = register_local_model(host, str(ckpt))
+    name = host.register_local_model(str(ckpt))
     _, text = validate(host, profile_path=args.profile, model=name,
                        strategies=tuple(args.strategies.split(",")),
                        budgets=tuple(parse_budget(b) for b in args.budgets.split(",")), prompts=args.prompts,

@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_errors import one_line  # noqa: E402
 
 from specterbench import Strategy, hookimpl
-from specterbench.bench import rundir
-from specterbench.bench.results import RowWriter
 from specterbench.cli import main
 from specterbench.plugins.host import BLOCK_ENV
-from specterbench.plugins.testing import install_dist
-from cli_errors import one_line  # noqa: E402
+from specterbench.runfiles import rundir
+from specterbench.runfiles.results import RowWriter
+from specterbench.testing.pytest_plugin import install_dist
 
 MODEL = "tiny-random-mixtral"
 FAST = ["--model", MODEL, "--strategies", "lru", "--budgets", "50%", "--prompts", "1", "--tokens", "2", "--quiet"]
@@ -163,7 +163,7 @@ def test_a_bad_model_path_is_one_line(cli, tmp_path, setup, message):
     path = tmp_path / setup
     if setup != "not-a-dir":
         path.mkdir()
-        config = (ROOT / "specterbench/embedded/models/tiny-mixtral/config.json").read_text()
+        config = (ROOT / "specterbench/catalog/stand_ins/tiny-mixtral/config.json").read_text()
         (path / "config.json").write_text(config[: len(config) // 2] if setup == "bad-json" else config)
     code, _, err = cli("run", *FAST, "--model", "mixtral", "--model-path", path, "--out", tmp_path / "out")
     assert code == 2 and message in one_line(err)
@@ -172,7 +172,7 @@ def test_a_bad_model_path_is_one_line(cli, tmp_path, setup, message):
 def test_random_bytes_as_weights_are_one_line_and_leave_no_run_folder(cli, tmp_path):
     path = tmp_path / "ckpt"
     path.mkdir()
-    (path / "config.json").write_text((ROOT / "specterbench/embedded/models/tiny-mixtral/config.json").read_text())
+    (path / "config.json").write_text((ROOT / "specterbench/catalog/stand_ins/tiny-mixtral/config.json").read_text())
     (path / "model.safetensors").write_bytes(os.urandom(4096))
     code, _, err = cli("run", *FAST[2:], "--model-path", path, "--out", tmp_path / "out", "--run-id", "r")
     assert code == 2 and "not a readable safetensors file" in one_line(err)
@@ -416,7 +416,7 @@ def test_eval_with_a_malformed_budget_is_refused_before_anything_runs(cli, tmp_p
     (["--bootstrap-iters", "-1"], "--bootstrap-iters must be >= 0"),
 ])
 def test_eval_options_are_checked_before_any_evaluation(cli, tmp_path, monkeypatch, args, message):
-    import specterbench.quality.eval_cli as eval_cli
+    import specterbench.cli.quality as eval_cli
 
     monkeypatch.setattr(eval_cli, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
     line = refused(cli, "eval", "--model", MODEL, "--out", tmp_path, *args)
@@ -430,7 +430,7 @@ def test_eval_options_are_checked_before_any_evaluation(cli, tmp_path, monkeypat
     (["--model", "specterbench", "--model_args", "model=tiny-mixtral", "--device", "tpu"], "tpu"),
 ])
 def test_the_lm_eval_wrapper_refuses_what_lm_eval_would_accept_silently(capsys, argv, message):
-    from specterbench.quality.lmeval import main as wrapper
+    from specterbench.cli.lm_eval import main as wrapper
 
     assert wrapper(argv) == 2
     err = capsys.readouterr().err
@@ -456,7 +456,7 @@ def test_a_bad_sweep_option_is_one_line_before_anything_runs(cli, tmp_path, args
     (["run", *FAST, "--run-id", ""], "--run-id is empty"),
 ])
 def test_an_empty_name_is_refused_not_taken_for_the_default(cli, tmp_path, monkeypatch, args, message):
-    import specterbench.quality.eval_cli as eval_cli
+    import specterbench.cli.quality as eval_cli
 
     monkeypatch.setattr(eval_cli, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
     assert message in refused(cli, *args, "--out", tmp_path / "out")
@@ -563,7 +563,7 @@ def test_the_pytest_plugin_survives_a_parent_folder_named_specterbench(tmp_path)
 
 # ---- progress bars ---------------------------------------------------------------------------------------------
 def test_no_progress_bars_when_stderr_is_not_a_terminal(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "specterbench.cli", "run", *FAST, "--out", str(tmp_path),
+    run = subprocess.run([sys.executable, "-m", "specterbench", "run", *FAST, "--out", str(tmp_path),
                           "--run-id", "r"], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "CI": ""})
     assert run.returncode == 0, run.stderr
@@ -584,7 +584,7 @@ def test_eval_on_a_cuda_device_this_machine_lacks_is_one_line(cli, tmp_path):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
 def test_the_lm_eval_wrapper_on_a_cuda_device_this_machine_lacks_is_one_line(capsys):
-    from specterbench.quality.lmeval import main
+    from specterbench.cli.lm_eval import main
 
     code = main(["--model", "specterbench", "--model_args", f"model={MODEL}", "--tasks", "shakespeare_scramble",
                  "--device", "cuda", "--limit", "1"])

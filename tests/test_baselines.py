@@ -3,18 +3,19 @@ import torch
 import torch.nn.functional as F
 
 from specterbench.baselines import LFRU, LRU, ActivationAware, CpuExperts
-from specterbench.engine.engine import Engine
-from specterbench.errors import UsageError
-from specterbench.engine.geometry import project
-from specterbench.engine.models import tiny_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES, HostProfile
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
-from specterbench.plugins.strategy import FETCH, ON_HOST, Calibration
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import HostOp
+from specterbench.engine.engine import Engine
+from specterbench.engine.geometry import project
+from specterbench.engine.profiles import HostProfile, default_host_profile, default_profile
 from specterbench.engine.scheduler import DEMAND_PRIORITY
+from specterbench.errors import UsageError
+from specterbench.strategy import FETCH, ON_HOST, RoutingCalibration
 
-HOST = BUILTIN_HOST_PROFILES[0]
+HOST = default_host_profile()
 
 
 @pytest.fixture
@@ -24,7 +25,7 @@ def engine():
 
 
 def configure(engine, strategy, slots, host=HOST):
-    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry, host))
+    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(default_profile(), engine.geometry, host))
 
 
 def route(engine, layer, tokens):
@@ -50,7 +51,7 @@ def test_activation_aware_prefetches_what_the_matching_calibration_sequence_used
     b[0, [0, 7]], b[1, [3, 4]] = 10, 10
     strategy = ActivationAware(lookahead=1, width=2)
     configure(engine, strategy, slots=8)
-    strategy.prepare(engine, Calibration(a + b, (), (a, b)))
+    strategy.prepare(engine, RoutingCalibration(a + b, (), (a, b)))
     strategy.on_request_start(None)
     route(engine, 0, [[1, 2]])
     assert (1, 5) in engine.cache and (1, 6) in engine.cache
@@ -84,7 +85,7 @@ def test_cpu_experts_clamps_threads_with_a_warning(engine):
 def test_host_compute_overlaps_device_compute():
     from test_timeline import GEO
 
-    profile = BUILTIN_PROFILES[0]
+    profile = default_profile()
     host = HostProfile("h", "cpu", mem_bytes_per_s=1e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",))
     clock = ModeledClock(profile, GEO, host)
     job = clock.run_on_host(lambda: None, HostOp(0, 2000, 0), 1)  # ≈ 2 ms on the host (plus two tiny link hops)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from specterbench.bench import calibrate as cal
+from specterbench.engine import profiles
 from specterbench.engine.profiles import HardwareProfile
 from specterbench.errors import UsageError
 
@@ -15,7 +16,7 @@ def measured():
 
 @pytest.fixture
 def profile_file(measured, tmp_path):
-    return cal.write_profile_file(measured, tmp_path / "host.toml")
+    return measured.write(tmp_path / "host.toml")
 
 
 def test_the_link_fit_recovers_latency_and_bandwidth():
@@ -34,19 +35,20 @@ def test_calibrating_the_host_gives_positive_figures_and_keeps_the_curve(measure
 
 
 def test_the_file_reads_back_as_the_same_profiles(measured, profile_file):
-    profile, host = cal.load_profile_file(profile_file)
+    profile, host = profiles.load_profile_file(profile_file)
     assert profile == measured.profile and host == measured.host
 
 
 def test_a_profile_file_is_accepted_wherever_a_profile_name_is(profile_file, tmp_path, small_prompts):
-    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.runner import BenchConfig, Runner
     from specterbench.plugins.host import get_host, reset_host
 
     reset_host()
     host = get_host()
     try:
-        name, host_name = cal.register_profile_file(host, profile_file)
-        assert cal.register_profile_file(host, profile_file) == (name, host_name)  # twice is harmless
+        name, host_name = host.register_profile_file(profile_file)
+        assert host.register_profile_file(profile_file) == (name, host_name)  # twice is harmless
         config = BenchConfig(models=("tiny-random-mixtral",), strategies=("lru",), budgets=(parse_budget("50%"),),
                              profile=name, host_profile=host_name, prompts=1, tokens=3, warmup=False)
         (row,) = Runner(host, config, tmp_path / "run").run()
@@ -57,8 +59,8 @@ def test_a_profile_file_is_accepted_wherever_a_profile_name_is(profile_file, tmp
 
 
 def test_profile_paths_are_told_from_names():
-    assert cal.is_profile_path("results/profile.toml") and cal.is_profile_path("my.json")
-    assert not cal.is_profile_path("a100-40g-pcie4")
+    assert profiles.is_profile_path("results/profile.toml") and profiles.is_profile_path("my.json")
+    assert not profiles.is_profile_path("a100-40g-pcie4")
 
 
 @pytest.mark.parametrize("edit, message", [
@@ -72,13 +74,13 @@ def test_profile_paths_are_told_from_names():
 def test_a_bad_profile_file_is_one_line(profile_file, edit, message):
     profile_file.write_text(edit(profile_file.read_text()))
     with pytest.raises(UsageError, match=message) as err:
-        cal.load_profile_file(profile_file)
+        profiles.load_profile_file(profile_file)
     assert "\n" not in str(err.value)
 
 
 def test_a_missing_profile_file_says_how_to_write_one(tmp_path):
     with pytest.raises(UsageError, match="no such file; write one with `specterbench calibrate --out"):
-        cal.load_profile_file(tmp_path / "none.toml")
+        profiles.load_profile_file(tmp_path / "none.toml")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
@@ -94,17 +96,13 @@ def test_an_unknown_device_is_one_line():
 
 
 def test_the_command_prints_the_curve_and_writes_the_file(tmp_path, capsys, monkeypatch):
-    import argparse
+    from specterbench.cli import main
 
     monkeypatch.setattr(cal, "COPY_SIZES", cal.QUICK_COPY_SIZES)
-    parser = argparse.ArgumentParser()
-    cal.add_calibrate_parser(parser.add_subparsers())
-    args = parser.parse_args(["calibrate", "--device", "cpu", "--quick", "--threads", "1", "--out",
-                              str(tmp_path / "p.toml")])
-    assert args.func(args) == 0
+    assert main(["calibrate", "--device", "cpu", "--quick", "--threads", "1", "--out", str(tmp_path / "p.toml")]) == 0
     out = capsys.readouterr().out
     assert "GB/s" in out and "launch:" in out and "host experts:" in out
-    assert isinstance(cal.load_profile_file(tmp_path / "p.toml")[0], HardwareProfile)
+    assert isinstance(profiles.load_profile_file(tmp_path / "p.toml")[0], HardwareProfile)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -136,18 +134,18 @@ def test_a_second_file_with_the_same_name_and_other_figures_is_refused(measured,
 
     from specterbench.plugins.host import get_host, reset_host
 
-    first = cal.write_profile_file(measured, tmp_path / "a.toml")
+    first = measured.write(tmp_path / "a.toml")
     other = dataclasses.replace(measured, profile=dataclasses.replace(measured.profile, launch_us=123.0))
-    second = cal.write_profile_file(other, tmp_path / "b.toml")
+    second = other.write(tmp_path / "b.toml")
     reset_host()
     try:
         host = get_host()
-        cal.register_profile_file(host, first)
+        host.register_profile_file(first)
         with pytest.raises(UsageError, match="already taken"):
-            cal.register_profile_file(host, second)
+            host.register_profile_file(second)
         with pytest.raises(UsageError, match="already taken"):  # a built-in name cannot be shadowed either
             builtin = dataclasses.replace(measured, profile=dataclasses.replace(measured.profile,
                                                                                  name="a100-40g-pcie4"))
-            cal.register_profile_file(host, cal.write_profile_file(builtin, tmp_path / "c.toml"))
+            host.register_profile_file(builtin.write(tmp_path / "c.toml"))
     finally:
         reset_host()

@@ -8,7 +8,7 @@ import torch
 from specterbench.engine.costs import CostModel
 from specterbench.engine.cuda_clock import CudaClock
 from specterbench.engine.geometry import geometry_preset
-from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.engine.profiles import default_profile
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 MS_PER_EVENT = 2.0  # fake device time between consecutive events on the copy stream
@@ -72,7 +72,7 @@ def clock(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", _StreamContext)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: COMPUTE)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    costs = CostModel(BUILTIN_PROFILES[0], geometry_preset("mixtral"))
+    costs = CostModel(default_profile(), geometry_preset("mixtral"))
     return CudaClock("cuda:0", costs, max_in_flight=1)
 
 
@@ -115,7 +115,7 @@ def test_waiting_on_a_queued_copy_makes_it_a_demand_fetch_and_times_the_stall(cl
 
 def test_bandwidth_and_arrival_come_from_the_events(clock):
     t = clock.issue("a", 10**6, 0.0)
-    assert clock.link_bytes_per_s() == BUILTIN_PROFILES[0].link_bytes_per_s  # nothing measured yet
+    assert clock.link_bytes_per_s() == default_profile().link_bytes_per_s  # nothing measured yet
     assert clock.expected_arrival(t) >= t.start_s
     land_one(clock)
     assert clock.ready(t) and [x.key for x in clock.drain_landed()] == ["a"]
@@ -132,13 +132,13 @@ def test_wait_landed_blocks_on_the_event(clock):
 @pytest.fixture
 def deep_clock(monkeypatch, clock):
     """A clock whose copy stream holds copies by bytes: ``depth_s`` of link time at the profile's bandwidth."""
-    costs = CostModel(BUILTIN_PROFILES[0], geometry_preset("mixtral"))
+    costs = CostModel(default_profile(), geometry_preset("mixtral"))
     return CudaClock("cuda:0", costs)
 
 
 def test_the_copy_stream_holds_about_ten_ms_of_link_time(deep_clock):
     depth = deep_clock.depth_bytes()
-    assert depth == int(0.010 * BUILTIN_PROFILES[0].link_bytes_per_s)
+    assert depth == int(0.010 * default_profile().link_bytes_per_s)
     size = depth // 4 + 1  # four fit... almost: three and a bit
     copies = [deep_clock.issue(("e", i), size, 0.0) for i in range(6)]
     started = [deep_clock.started(t) for t in copies]

@@ -4,11 +4,12 @@ import inspect
 
 import pytest
 
-from specterbench.engine.clocks import Clock, HostWallClock, ModeledClock
+from specterbench.engine.clocks import Clock, ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.cuda_clock import CudaClock
 from specterbench.engine.geometry import geometry_preset
-from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.engine.host_clock import HostWallClock
+from specterbench.engine.profiles import default_profile
 
 MEMBERS = [n for n, v in vars(Clock).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))]
 
@@ -23,13 +24,13 @@ def test_every_protocol_method_is_implemented_by_the_clock_itself(cls):
 
 
 def test_the_protocol_is_checkable_at_run_time():
-    costs = CostModel(BUILTIN_PROFILES[0], geometry_preset("mixtral"))
-    assert isinstance(ModeledClock(BUILTIN_PROFILES[0], geometry_preset("mixtral")), Clock)
+    costs = CostModel(default_profile(), geometry_preset("mixtral"))
+    assert isinstance(ModeledClock(default_profile(), geometry_preset("mixtral")), Clock)
     assert isinstance(HostWallClock(costs), Clock)
 
 
 def test_the_host_clock_lands_copies_at_once_and_reports_them():
-    clock = HostWallClock(CostModel(BUILTIN_PROFILES[0], geometry_preset("mixtral")))
+    clock = HostWallClock(CostModel(default_profile(), geometry_preset("mixtral")))
     ran = []
     t = clock.issue("a", 1000, 0.0, lambda: ran.append(1))
     assert ran == [1] and clock.ready(t) and clock.started(t) and not clock.cancel(t)

@@ -9,7 +9,7 @@ import pytest
 
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.geometry import geometry_preset
-from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.engine.profiles import default_profile
 from specterbench.engine.scheduler import CopyScheduler
 
 GEO = geometry_preset("mixtral")
@@ -18,7 +18,7 @@ OPS = 200
 
 
 def per_copy_steps(queued: int, landed: int) -> float:
-    clock = ModeledClock(BUILTIN_PROFILES[0], GEO)
+    clock = ModeledClock(default_profile(), GEO)
     for i in range(landed):  # a cache full of experts that have arrived
         clock.wait(clock.issue(("landed", i), NBYTES, 0.0))
     clock.drain_landed()
@@ -49,7 +49,7 @@ def test_steps_per_copy_do_not_grow_with_queue_or_cache(queued, landed):
 
 
 def test_the_step_counter_counts():
-    clock = ModeledClock(BUILTIN_PROFILES[0], GEO)
+    clock = ModeledClock(default_profile(), GEO)
     t = clock.issue("a", NBYTES, 0.0)
     clock.wait(t)
     assert clock.steps >= 2  # submitted, started (and landed once time passes)

@@ -4,7 +4,7 @@ import pytest
 
 from specterbench.analysis.compare import compare_runs, render_comparison
 from specterbench.errors import UsageError
-from specterbench.bench.results import ResultRow
+from specterbench.runfiles.results import ResultRow
 
 
 def row(**kw) -> ResultRow:

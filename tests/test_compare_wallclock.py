@@ -1,6 +1,7 @@
 import json
 
-from specterbench.bench.wallclock import compare, main
+from specterbench.analysis.wallclock import compare
+from specterbench.cli import main as cli_main
 
 
 def save(path, mins):
@@ -29,16 +30,16 @@ def test_a_2x_slowdown_of_every_hot_path_fails(tmp_path):
 def test_a_storage_folder_compares_the_newest_run_with_the_one_before(tmp_path, capsys):
     storage = tmp_path / "benchmarks"
     save(storage / "Linux" / "0001_aaa.json", BASE)
-    assert main([str(storage)]) == 0 and "baseline" in capsys.readouterr().out
+    assert cli_main(["wallclock-compare", str(storage)]) == 0 and "baseline" in capsys.readouterr().out
     save(storage / "Linux" / "0002_bbb.json", {n: 3 * m for n, m in BASE.items()})
-    assert main([str(storage)]) == 1
+    assert cli_main(["wallclock-compare", str(storage)]) == 1
     save(storage / "Linux" / "0003_ccc.json", {n: 3 * m for n, m in BASE.items()})
-    assert main([str(storage)]) == 0  # 0003 vs 0002: unchanged
+    assert cli_main(["wallclock-compare", str(storage)]) == 0  # 0003 vs 0002: unchanged
 
 
 def test_a_file_that_is_not_a_benchmark_run_is_one_line(tmp_path, capsys):
     (tmp_path / "x.json").write_text("[1, 2]")
-    assert main([str(tmp_path / "x.json"), str(tmp_path / "x.json")]) == 2
+    assert cli_main(["wallclock-compare", str(tmp_path / "x.json"), str(tmp_path / "x.json")]) == 2
     assert capsys.readouterr().err.startswith("specterbench: error:")
 
 
@@ -53,7 +54,7 @@ def test_a_busier_machine_is_divided_out_by_the_probe(tmp_path):
 
 
 def test_the_probe_plugin_records_the_machine_speed():
-    from specterbench.bench import wallclock_probe
+    from specterbench.testing import wallclock_probe
 
     wallclock_probe.sample(3)
     out = {}

@@ -7,8 +7,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from specterbench import Strategy, conformance, hookimpl
-from specterbench.plugins.testing import install_dist
+from specterbench import Strategy, hookimpl
+from specterbench.testing import conformance
+from specterbench.testing.pytest_plugin import install_dist
 
 # Strategies that each break one rule of the battery, installed as a real distribution (entry point and all).
 BROKEN = '''

@@ -7,11 +7,11 @@ import textwrap
 import pytest
 
 from specterbench.errors import PluginError
-from specterbench.plugins import conformance
-from specterbench.plugins.testing import install_dist
+from specterbench.testing import conformance
+from specterbench.testing.pytest_plugin import install_dist
 
 V1_PACKAGE = """
-    from specterbench.cache import ExpertKey  # the flat pre-layout module paths
+    from specterbench.strategy import ExpertKey
     from specterbench.strategy import Strategy
     from specterbench import hookimpl
 

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from specterbench import Request, Strategy
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
-from specterbench.engine.models import tiny_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
-from specterbench.plugins.strategy import SUBSTITUTE
+from specterbench.engine.profiles import default_host_profile, default_profile
+from specterbench.strategy import SUBSTITUTE
 
 
 class Recorder(Strategy):
@@ -39,7 +39,7 @@ def engine():
 
 
 def configure(engine, strategy, slots=4):
-    clock = ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0])
+    clock = ModeledClock(default_profile(), engine.geometry, default_host_profile())
     engine.configure(strategy, slots * engine.expert_bytes, clock)
     return strategy
 
@@ -76,7 +76,7 @@ def test_candidates_leave_out_protected_and_in_flight_experts(engine):
 
 def test_cost_estimates_are_what_the_modeled_clock_charges(engine):
     configure(engine, Recorder())
-    costs, profile = engine.costs, BUILTIN_PROFILES[0]
+    costs, profile = engine.costs, default_profile()
     assert costs.copy_s() == pytest.approx(profile.link_latency_us * 1e-6 +
                                            engine.priced_expert_bytes / profile.link_bytes_per_s)
     assert costs.link_bytes_per_s() == profile.link_bytes_per_s  # no copy timed yet
@@ -151,7 +151,8 @@ def test_the_routing_recorder_keeps_each_layer_calls_experts(engine):
 
 def test_the_runner_ends_the_warm_up_before_the_measured_requests(host, small_prompts, tmp_path):
     from specterbench import hookimpl
-    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.runner import BenchConfig, Runner
 
     class Counting(Strategy):
         name, version = "contract-warmup", "1"

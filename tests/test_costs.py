@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from specterbench import Strategy
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
-from specterbench.engine.models import tiny_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 
@@ -21,7 +21,7 @@ def engine():
 
 
 def configure(engine, strategy, slots=16):
-    clock = ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0])
+    clock = ModeledClock(default_profile(), engine.geometry, default_host_profile())
     engine.configure(strategy, slots * engine.expert_bytes, clock)
     return clock
 
@@ -104,6 +104,7 @@ def test_until_layer_is_when_that_layer_runs_when_every_expert_hits(engine):
 
 
 def test_a_measured_clock_without_prices_gets_the_default_profile(engine):
-    engine.configure(Strategy(), 16 * engine.expert_bytes, __import__(
-        "specterbench.engine.clocks", fromlist=["HostWallClock"]).HostWallClock())
+    from specterbench.engine.host_clock import HostWallClock
+
+    engine.configure(Strategy(), 16 * engine.expert_bytes, HostWallClock())
     assert engine.costs.copy_s() > 0 and engine.costs.link_bytes_per_s() > 0

@@ -8,7 +8,8 @@ and large enough that expert copies take real time: a random-init Mixtral-layout
 import pytest
 import torch
 
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -29,7 +30,7 @@ SPECTER_OPTIONS = {} if _has_bitsandbytes() else {"specter": {"quantizer": "int"
 def local_model(tmp_path_factory):  # pragma: no cover - needs CUDA
     from transformers import MixtralConfig
 
-    from specterbench.engine.checkpoint import write_random_checkpoint
+    from specterbench.catalog.checkpoint import write_random_checkpoint
 
     config = MixtralConfig(vocab_size=512, hidden_size=1024, intermediate_size=1536, num_hidden_layers=4,
                            num_attention_heads=8, num_key_value_heads=2, num_local_experts=8,
@@ -39,12 +40,11 @@ def local_model(tmp_path_factory):  # pragma: no cover - needs CUDA
 
 @pytest.fixture
 def gpu_host(local_model):  # pragma: no cover - needs CUDA
-    from specterbench.engine.models import register_local_model
     from specterbench.plugins.host import get_host, reset_host
 
     reset_host()
     host = get_host()
-    name = register_local_model(host, local_model)
+    name = host.register_local_model(local_model)
     yield host, name
     reset_host()
 

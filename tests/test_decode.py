@@ -6,11 +6,12 @@ import pytest
 
 from specterbench import Strategy, hookimpl
 from specterbench.analysis.compare import check_compatible
-from specterbench.bench.reference import adjacent_reuse, read_reference, repeated_ngram_share, workload_lines
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
-from specterbench.engine.models import TINY_FAMILIES
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.catalog.tiny import TINY_FAMILIES
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.errors import UsageError
+from specterbench.runfiles.reference import adjacent_reuse, read_reference, repeated_ngram_share, workload_lines
 
 SAMPLED = DecodeSetting.sample(temperature=1.0)
 

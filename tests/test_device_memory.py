@@ -3,15 +3,14 @@
 The check itself is arithmetic on the free bytes CUDA reports; here the free bytes are given, so it runs on a CPU."""
 
 import pytest
-import torch
 
 from specterbench.bench.checks import check_device_memory, kv_activation_bytes
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
-from specterbench.engine.models import tiny_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.errors import BudgetError
-from specterbench.plugins.strategy import Request
+from specterbench.strategy import Request
 
 
 def _engine(family="mixtral"):
@@ -44,7 +43,7 @@ def test_the_kv_estimate_grows_with_the_request():
 
 
 def _decode(engine, strategy, budget, prompt, tokens=10):
-    engine.configure(strategy, budget, ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+    engine.configure(strategy, budget, ModeledClock(default_profile(), engine.geometry, default_host_profile()))
     request = Request("p", tuple(prompt), tokens)
     engine.begin_request(request)
     out = engine.decode(request)

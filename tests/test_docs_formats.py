@@ -9,9 +9,10 @@ import pytest
 
 import specterbench.bench.runner as runner_module
 from specterbench import Request
-from specterbench.bench.runner import BenchConfig, Runner, encode_prompts, parse_budget
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner, encode_prompts
 from specterbench.engine.sampling import DecodeSetting
-from specterbench.plugins.testing import SMALL_PROMPTS
+from specterbench.testing.pytest_plugin import SMALL_PROMPTS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
 

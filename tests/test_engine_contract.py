@@ -5,12 +5,12 @@ import torch
 import torch.nn.functional as F
 
 from specterbench import Strategy
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
-from specterbench.engine.models import tiny_random
-from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.engine.profiles import default_profile
 from specterbench.engine.routing import group_tokens
-from specterbench.plugins.strategy import PrefetchResult
+from specterbench.strategy import PrefetchResult
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def engine():
 
 
 def configure(engine, strategy, slots):
-    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry))
+    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(default_profile(), engine.geometry))
 
 
 def route(engine, layer, tokens):

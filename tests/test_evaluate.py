@@ -10,8 +10,9 @@ import pytest
 pytest.importorskip("lm_eval")
 
 from specterbench import Strategy, hookimpl  # noqa: E402
+from specterbench.cli.quality import add_parser  # noqa: E402
 from specterbench.errors import UsageError  # noqa: E402
-from specterbench.quality.evaluate import add_parser, compare_samples, resolve_tasks  # noqa: E402
+from specterbench.quality.evaluate import compare_samples, resolve_tasks  # noqa: E402
 
 
 class Boom(Strategy):

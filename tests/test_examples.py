@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
 from specterbench.engine.routing import RouterGuess
 from specterbench.engine.sampling import GREEDY, DecodeSetting
-from specterbench.plugins import conformance
 from specterbench.plugins.checks import check_strategy
+from specterbench.testing import conformance
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = {"example-arc": "arc", "router-prefetch": "router_prefetch", "draft-verify": "draft_verify"}  # strategy -> dir

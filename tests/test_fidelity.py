@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from specterbench import embedded
-from specterbench.embedded import fidelity
-from specterbench.embedded.train import reliance_loss, routed_experts_removed
-from specterbench.engine.draft import QuantSpec, model_error_scale, roundtrip, shared_quantized
+from specterbench.catalog import corpus, embedded
 from specterbench.engine.dense_copy import QuantizedDense, dense_spec, model_head_error_scale
+from specterbench.engine.draft import QuantSpec, model_error_scale, roundtrip, shared_quantized
 from specterbench.errors import ModelError, UsageError
+from specterbench.studies import fidelity
+from specterbench.studies.train import reliance_loss, routed_experts_removed
 
 INT4 = dict(bits=4, blocksize=128, quantizer="int")
 
@@ -24,7 +24,7 @@ def shipped():
     out = {}
     for name in embedded.EMBEDDED_MODELS:
         model, tok = embedded.load(name)
-        out[name] = (model, fidelity.text_windows(tok, 2, 128))
+        out[name] = (model, corpus.text_windows(tok, 2, 128))
     return out
 
 
@@ -58,7 +58,7 @@ def test_a_spec_without_a_scale_takes_the_models_and_an_explicit_one_wins(shippe
 @pytest.mark.parametrize("name", embedded.EMBEDDED_MODELS)
 def test_every_shipped_stand_in_carries_a_fitted_calibration_that_load_applies(name):
     directory = embedded.model_dir(name)
-    cal = fidelity.load_calibration(directory)
+    cal = embedded.load_calibration(directory)
     assert cal is not None and cal.error_scale >= 1.0 and cal.head_error_scale >= 1.0
     assert "training-text" in cal.fitted_on and cal.measured["experts"]
     model, _ = embedded.load(name)
@@ -67,12 +67,12 @@ def test_every_shipped_stand_in_carries_a_fitted_calibration_that_load_applies(n
 
 
 def test_a_malformed_calibration_file_is_one_line(tmp_path):
-    (tmp_path / fidelity.CALIBRATION_FILE).write_text("{not json")
+    (tmp_path / embedded.CALIBRATION_FILE).write_text("{not json")
     with pytest.raises(ModelError, match="is not JSON.*--fit"):
-        fidelity.load_calibration(tmp_path)
-    (tmp_path / fidelity.CALIBRATION_FILE).write_text(json.dumps({"error_scale": 2}))
+        embedded.load_calibration(tmp_path)
+    (tmp_path / embedded.CALIBRATION_FILE).write_text(json.dumps({"error_scale": 2}))
     with pytest.raises(ModelError, match="is malformed.*--fit"):
-        fidelity.load_calibration(tmp_path)
+        embedded.load_calibration(tmp_path)
 
 
 def test_the_engines_draft_copies_apply_the_models_calibration():
@@ -147,7 +147,7 @@ def test_the_calibrated_int4_draft_errs_like_a_real_one_and_fewer_bits_err_more(
 
 
 def test_fidelity_rows_report_checks_beside_the_anchors(shipped):
-    from specterbench.embedded import realism
+    from specterbench.studies import realism
 
     model, windows = shipped["tiny-qwen-moe"]
     tok = embedded.load("tiny-qwen-moe")[1]

@@ -1,12 +1,13 @@
 import pytest
 
 from specterbench import hookimpl
+from specterbench.analysis.gate import load_reference, parse_rule, render, run_gate
+from specterbench.analysis.gate_rules import RegressionRule, SpeedupRule, load_rules
 from specterbench.baselines.lru import LRU
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
 from specterbench.errors import UsageError
-from specterbench.analysis.gate import (RegressionRule, SpeedupRule, load_reference, load_rules, parse_rule, render,
-                               run_gate)
-from specterbench.bench.results import ResultRow, read_rows
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.runfiles.results import ResultRow, read_rows
 
 
 def row(**kw) -> ResultRow:

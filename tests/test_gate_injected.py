@@ -10,9 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specterbench.analysis.gate import cmd_gate, load_rules, render, run_gate
-from specterbench.bench.results import ResultRow
-from specterbench.bench.runner import Runner, _p90
+from specterbench.analysis.gate import render, run_gate
+from specterbench.analysis.gate_rules import load_rules
+from specterbench.bench.cell_metrics import p90 as p90
+from specterbench.bench.runner import Runner
+from specterbench.cli.gate import cmd_gate
+from specterbench.runfiles.results import ResultRow
 
 MODELS = (("tiny-mixtral", "mixtral"), ("tiny-qwen-moe", "qwen-moe"))
 BUDGETS = (0.35, 0.5)
@@ -35,7 +38,7 @@ def summarise(row: ResultRow, windows: list[tuple[int, float]]) -> ResultRow:
     each token of a window gets the window's time / its tokens."""
     tpot = [ms / n for n, ms in windows for _ in range(n)]
     tokens, decode_ms = sum(n for n, _ in windows), sum(ms for _, ms in windows)
-    return dataclasses.replace(row, tpot_ms=statistics.median(tpot), tpot_p90_ms=_p90(tpot),
+    return dataclasses.replace(row, tpot_ms=statistics.median(tpot), tpot_p90_ms=p90(tpot),
                                tokens_per_s=tokens / decode_ms * 1e3,
                                samples={"tpot_ms": tpot, "host_ms": [3.0] * len(tpot), "ttft_ms": [row.ttft_ms or 1.0]})
 
@@ -194,7 +197,7 @@ def test_a_cell_the_reference_lacks_fails_until_it_is_recorded():
 
 
 def test_each_failure_is_one_line_and_the_same_in_json(tmp_path):
-    from specterbench.bench.results import RowWriter
+    from specterbench.runfiles.results import RowWriter
 
     ref, new = gate_grid(), gate_grid()
     i = pick(new, "lru", "tiny-mixtral", 0.5)
@@ -234,7 +237,7 @@ def test_a_new_stand_in_fails_cell_by_cell_until_it_is_recorded():
 
 
 def test_the_gate_grid_covers_every_shipped_stand_in():
-    from specterbench.embedded import EMBEDDED_MODELS
+    from specterbench.catalog.embedded import EMBEDDED_MODELS
 
     line = next(x for x in open("Makefile", encoding="utf-8") if x.startswith("GATE_MODELS ?="))
     assert line.split("?=")[1].strip().split(",") == list(EMBEDDED_MODELS), (

@@ -6,11 +6,11 @@ import io
 import json
 
 import pytest
+from test_gate_injected import gate_grid, pick, summarise, windows_of
 
 from specterbench.analysis.gate_reference import accept, metric_moves
-from specterbench.bench.results import RowWriter, read_rows
 from specterbench.errors import UsageError
-from test_gate_injected import gate_grid, pick, summarise, windows_of
+from specterbench.runfiles.results import RowWriter, read_rows
 
 NOW = dt.datetime(2026, 12, 1, 20, 0, tzinfo=dt.timezone.utc)
 

@@ -9,17 +9,18 @@ import pytest
 import torch
 
 from specterbench.baselines import LRU
-from specterbench.bench.results import ResultRow
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.engine import Engine
 from specterbench.engine.graphs import MAX_WIDTH, Replay, capturable_pieces
 from specterbench.engine.kernels import KernelCounts
-from specterbench.engine.models import tiny_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.errors import UsageError
-from specterbench.plugins.strategy import Request
+from specterbench.runfiles.results import ResultRow
+from specterbench.strategy import Request
 
 PROMPT = tuple(range(3, 15))
 
@@ -57,7 +58,7 @@ def make_engine(family="qwen2_moe"):
 
 def decode(engine, tokens=6):
     engine.configure(LRU(), engine.total_expert_bytes // 2,
-                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile()))
     return engine
 
 
@@ -148,7 +149,7 @@ def test_verification_widths_replay_and_wider_forwards_run_eagerly():
 
 
 def test_a_captured_dense_layer_prices_its_pieces_kernels_at_the_graph_rate_and_the_rest_at_launch_us():
-    profile = BUILTIN_PROFILES[0]
+    profile = default_profile()
     kernels = KernelCounts(moe_layer_dense=40, moe_layer_captured=12, moe_layer_pieces=11)
     engine_geometry = make_engine().own_geometry
     costs = CostModel(profile, engine_geometry, kernels=kernels)
@@ -165,8 +166,8 @@ def test_a_captured_dense_layer_prices_its_pieces_kernels_at_the_graph_rate_and_
 
 
 def test_graph_nodes_cost_graph_node_us_each():
-    costs = CostModel(BUILTIN_PROFILES[0], make_engine().own_geometry)
-    p = BUILTIN_PROFILES[0]
+    costs = CostModel(default_profile(), make_engine().own_geometry)
+    p = default_profile()
     assert costs.op_seconds(0, 0, 3, graph_nodes=10) == pytest.approx((3 * p.launch_us + 10 * p.graph_node_us) * 1e-6)
     assert any("CUDA Graphs" in s for s in p.sources)
 

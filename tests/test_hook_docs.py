@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from specterbench import Strategy, conformance, hookspecs
+from specterbench import Strategy
 from specterbench.engine.costs import CostEstimates
 from specterbench.engine.engine import Engine
+from specterbench.plugins import hookspecs
+from specterbench.testing import conformance
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "plugins.md"

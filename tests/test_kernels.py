@@ -7,12 +7,12 @@ import torch.nn.functional as F
 
 from specterbench import Strategy
 from specterbench.baselines import LRU
+from specterbench.catalog.tiny import ROUTING_GEOMETRIES, routing_geometry_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import QuantSpec, shared_quantized
 from specterbench.engine.engine import Engine
 from specterbench.engine.kernels import EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES, LaunchCounter
-from specterbench.engine.models import ROUTING_GEOMETRIES, routing_geometry_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.sampling import DecodeSetting
 
 PROMPT = tuple(range(3, 15))
@@ -27,8 +27,8 @@ class AllResident(Strategy):
 
 
 def configure(engine, strategy, budget_bytes):
-    engine.configure(strategy, budget_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry,
-                                                          BUILTIN_HOST_PROFILES[0]))
+    engine.configure(strategy, budget_bytes, ModeledClock(default_profile(), engine.geometry,
+                                                          default_host_profile()))
     if isinstance(strategy, AllResident):
         for key in engine.store.weights:
             engine.prefetch(key)
@@ -89,7 +89,7 @@ def test_the_grouped_op_equals_the_per_expert_sum(engine, mode):
 
 @pytest.mark.parametrize("mode", ["gathered", "grouped"])
 def test_experts_run_elsewhere_take_their_rows_of_the_grouped_op(engine, mode):
-    from specterbench.plugins.strategy import ON_HOST
+    from specterbench.strategy import ON_HOST
 
     class HostOdd(Strategy):
         name = "host-odd"
@@ -166,7 +166,7 @@ def test_a_grown_pool_keeps_its_experts_and_computes_the_same(engine):
         def device_bytes(self, engine):
             return 4 * engine.expert_bytes
 
-    k, E, H = engine.top_k, engine.num_experts, engine.own_geometry.hidden
+    k, H = engine.top_k, engine.own_geometry.hidden
     configure(engine, Holder(), (k + 4) * engine.expert_bytes)
     for e in range(k):
         engine.prefetch((0, e))

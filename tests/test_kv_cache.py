@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.engine import Engine, cache_kwarg
-from specterbench.engine.models import tiny_random
 from specterbench.errors import EngineViolation, UsageError
-from specterbench.plugins.strategy import Strategy
+from specterbench.strategy import Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 MIN_DIR_ENV = "SPECTERBENCH_MIN_TRANSFORMERS"  # a --target folder holding the lowest allowed transformers
@@ -61,8 +61,8 @@ def test_the_engine_checks_that_the_cache_grew_by_the_tokens_run():
 SCRIPT = """
 import json, sys, torch, transformers
 from specterbench.engine.engine import Engine
-from specterbench.engine.models import tiny_random
-from specterbench.plugins.strategy import Request, Strategy
+from specterbench.catalog.tiny import tiny_random
+from specterbench.strategy import Request, Strategy
 out = {"version": transformers.__version__, "file": transformers.__file__, "families": {}}
 for family in ("mixtral", "qwen2_moe"):
     model, tok = tiny_random(family)

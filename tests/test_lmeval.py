@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,9 +12,9 @@ pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
+from specterbench.catalog.tiny import tiny_random  # noqa: E402
 from specterbench.errors import UsageError  # noqa: E402
 from specterbench.quality.lmeval import SpecterbenchLM, load_engine  # noqa: E402
-from specterbench.engine.models import tiny_random  # noqa: E402
 from specterbench.quality.tasks import TASKS_DIR  # noqa: E402
 
 CONTEXT = "BRUTUS.\nKneel not,"
@@ -102,7 +103,7 @@ def test_a_bound_that_replays_the_reference_routing_is_refused(engine):
 
 def test_lm_eval_command_line_runs_offline_from_any_directory_and_prints_its_table(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    cmd = [sys.executable, "-m", "specterbench.quality.lmeval", "--model", "specterbench",
+    cmd = [str(Path(sys.executable).with_name("specterbench-lm-eval")), "--model", "specterbench",
            "--model_args", "model=tiny-random-mixtral,strategy=lru,budget=50%,progress=false",
            "--tasks", "shakespeare_scramble", "--include_path", str(TASKS_DIR), "--device", "cpu", "--limit", "2"]
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -8,9 +8,9 @@ from specterbench.engine.costs import CostModel
 from specterbench.engine.draft import QuantSpec, pack
 from specterbench.engine.geometry import geometry_preset
 from specterbench.engine.lowbit import BF16, INT3, INT4, INT4_TORCH, INT8, kernel_for, kernel_for_ratio
-from specterbench.engine.profiles import BUILTIN_PROFILES
+from specterbench.engine.profiles import default_profile
 
-A100 = BUILTIN_PROFILES[0]
+A100 = default_profile()
 MIXTRAL = geometry_preset("mixtral")
 
 

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from specterbench.engine.checkpoint import load_checkpoint, model_bytes, write_random_checkpoint
-from specterbench.engine.models import TINY_FAMILIES, _tiny_config, tiny_random
+from specterbench.catalog.checkpoint import load_checkpoint, model_bytes, write_random_checkpoint
+from specterbench.catalog.tiny import TINY_FAMILIES, tiny_config, tiny_random
 from specterbench.engine.seam import find_moe_blocks
 from specterbench.engine.store import ExpertStore
 
@@ -87,7 +87,6 @@ RUN_STRATEGIES = "specmoeoff,specter,lru,cpu-experts"  # speculative cells first
 def test_a_run_over_a_1gb_checkpoint_keeps_nothing_of_a_cell_after_it_ends(tmp_path):
     """Drafts, scratch and host threads go with their cell: a run of speculative and plain strategies peaks at
     about the checkpoint, plus the largest cell's device bytes (host memory here), plus 1 GB."""
-    import json
     import resource
     import subprocess
 
@@ -125,7 +124,7 @@ def test_loading_a_small_checkpoint_also_stays_under_the_ratio(tmp_path):
 def test_the_streaming_loader_equals_transformers_from_pretrained(tmp_path, family):
     from transformers import AutoModelForCausalLM
 
-    path = write_random_checkpoint(tmp_path / family, _tiny_config(family), shard_bytes=50_000)
+    path = write_random_checkpoint(tmp_path / family, tiny_config(family), shard_bytes=50_000)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, local_files_only=True)
     model, _ = load_checkpoint(path)
     want, got = reference.state_dict(), model.state_dict()
@@ -136,7 +135,7 @@ def test_the_streaming_loader_equals_transformers_from_pretrained(tmp_path, fami
 def test_a_checkpoint_in_another_dtype_is_converted_on_read(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    path = write_random_checkpoint(tmp_path / "m", _tiny_config("qwen2_moe"), dtype=torch.float32)
+    path = write_random_checkpoint(tmp_path / "m", tiny_config("qwen2_moe"), dtype=torch.float32)
     model, _ = load_checkpoint(path, torch.bfloat16)
     reference = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, local_files_only=True)
     assert next(model.parameters()).dtype == torch.bfloat16
@@ -144,7 +143,7 @@ def test_a_checkpoint_in_another_dtype_is_converted_on_read(tmp_path):
 
 
 def test_the_store_holds_views_of_the_fused_tensors_when_nothing_needs_converting(tmp_path):
-    path = write_random_checkpoint(tmp_path / "m", _tiny_config("mixtral"))
+    path = write_random_checkpoint(tmp_path / "m", tiny_config("mixtral"))
     model, _ = load_checkpoint(path, torch.bfloat16)
     blocks = find_moe_blocks(model)
     storage = blocks[0].experts.gate_up_proj.untyped_storage().data_ptr()
@@ -215,7 +214,7 @@ def test_pinning_registers_large_layers_in_place_and_copies_only_the_rest(monkey
 
 def _first_slot(model, tok, device):
     from specterbench.engine.engine import Engine
-    from specterbench.plugins.strategy import Strategy
+    from specterbench.strategy import Strategy
 
     engine = Engine(model, name="m", device=device, tokenizer=tok)
     engine.configure(Strategy(), engine.total_expert_bytes, engine.clock)

@@ -5,14 +5,15 @@ import json
 import pytest
 import torch
 
-from specterbench.engine.checkpoint import load_checkpoint, write_random_checkpoint
-from specterbench.engine.models import _tiny_config, local_spec, register_local_model
+from specterbench.catalog.checkpoint import load_checkpoint, write_random_checkpoint
+from specterbench.catalog.models import local_spec
+from specterbench.catalog.tiny import tiny_config
 from specterbench.errors import ModelError
 
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    return write_random_checkpoint(tmp_path / "my-moe", _tiny_config("qwen2_moe"), shard_bytes=100_000)
+    return write_random_checkpoint(tmp_path / "my-moe", tiny_config("qwen2_moe"), shard_bytes=100_000)
 
 
 def one_line(err) -> str:
@@ -31,14 +32,15 @@ def test_the_family_and_geometry_come_from_config_json(checkpoint):
 
 
 def test_a_registered_local_model_runs_a_benchmark_cell(checkpoint, tmp_path, small_prompts):
-    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.runner import BenchConfig, Runner
     from specterbench.plugins.host import get_host, reset_host
 
     reset_host()
     host = get_host()
     try:
-        name = register_local_model(host, checkpoint)
-        assert register_local_model(host, checkpoint) == name  # registering twice is harmless
+        name = host.register_local_model(checkpoint)
+        assert host.register_local_model(checkpoint) == name  # registering twice is harmless
         config = BenchConfig(models=(name,), strategies=("lru",), budgets=(parse_budget("50%"),),
                              profile="a100-40g-pcie4", prompts=1, tokens=2, warmup=False)
         (row,) = Runner(host, config, tmp_path / "run").run()
@@ -160,9 +162,10 @@ def test_the_command_line_answers_a_bad_model_path_in_one_line_with_exit_2(check
 
 
 def test_a_random_checkpoint_of_any_size_is_one_command(tmp_path, capsys):
-    from specterbench.engine.checkpoint import main
+    from specterbench.cli import main
 
-    assert main([str(tmp_path / "big"), "--family", "mixtral", "num_hidden_layers=3", "num_local_experts=4"]) == 0
+    assert main(["random-checkpoint", str(tmp_path / "big"), "--family", "mixtral", "--set", "num_hidden_layers=3",
+                 "--set", "num_local_experts=4"]) == 0
     spec = local_spec(tmp_path / "big")
     assert "3 layers, 4 experts, top-2" in spec.description
-    assert main([str(tmp_path / "bad"), "--family", "mixtral", "no_such_field=1"]) == 2
+    assert main(["random-checkpoint", str(tmp_path / "bad"), "--family", "mixtral", "--set", "no_such_field=1"]) == 2

@@ -8,15 +8,14 @@ import json
 import math
 
 import pytest
+from cli_errors import one_line  # noqa: E402
 
-from specterbench.bench.calibrate import load_profile_file
 from specterbench.cli import main
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.geometry import geometry_preset
-from specterbench.engine.profiles import PROFILE_FILES_DIR, BUILTIN_PROFILES
+from specterbench.engine.profiles import PROFILE_FILES_DIR, default_profile, load_profile_file
 from specterbench.errors import UsageError
-from cli_errors import one_line  # noqa: E402
 
 
 @pytest.fixture
@@ -83,15 +82,15 @@ def test_a_strategy_asks_for_pageable_copies_and_reads_their_price(t4):
     ``engine.costs.pageable_copy_s()`` prices one at the profile's pageable rate; ``check_profile`` refuses a profile
     without the figure before anything runs."""
     from baselines.on_demand import OnDemand
+    from specterbench.catalog.tiny import tiny_random
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import tiny_random
 
     model, tok = tiny_random("mixtral")
     engine = Engine(model, name="mixtral", tokenizer=tok)
     strategy = OnDemand(pageable=True)
     OnDemand.check_profile(t4, {"pageable": True})
     with pytest.raises(UsageError, match="pageable_link_bytes_per_s"):
-        OnDemand.check_profile(BUILTIN_PROFILES[0], {"pageable": True})
+        OnDemand.check_profile(default_profile(), {"pageable": True})
     engine.configure(strategy, engine.total_expert_bytes // 2, ModeledClock(t4, engine.geometry))
     strategy.prepare(engine)
     assert engine.pageable_copies
@@ -128,13 +127,13 @@ def test_the_store_hands_out_pageable_sources():
 
 # ---- bad input ----------------------------------------------------------------------------------------------------
 def test_a_profile_without_the_pageable_figure_refuses_the_option_in_one_line(tmp_path, capsys):
-    assert BUILTIN_PROFILES[0].pageable_link_bytes_per_s is None
-    code = main(["run", "--profile", BUILTIN_PROFILES[0].name, "--model", "tiny-random-mixtral", "--strategies",
+    assert default_profile().pageable_link_bytes_per_s is None
+    code = main(["run", "--profile", default_profile().name, "--model", "tiny-random-mixtral", "--strategies",
                  "on-demand", "--set", "on-demand.pageable=true", "--prompts", "1", "--tokens", "2", "--out",
                  str(tmp_path / "o"), "--quiet"])
     assert code == 2
     line = one_line(capsys.readouterr().err)
-    assert "pageable_link_bytes_per_s" in line and BUILTIN_PROFILES[0].name in line
+    assert "pageable_link_bytes_per_s" in line and default_profile().name in line
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").rglob("rows.jsonl"))
 
 

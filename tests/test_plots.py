@@ -2,7 +2,7 @@ import pytest
 
 from specterbench.analysis import plots
 from specterbench.analysis.plots import write_plots
-from specterbench.bench.results import ResultRow
+from specterbench.runfiles.results import ResultRow
 
 
 def row(**kw) -> ResultRow:

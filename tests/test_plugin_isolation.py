@@ -12,7 +12,7 @@ from specterbench import Strategy, hookimpl
 from specterbench.cli import main
 from specterbench.errors import UsageError
 from specterbench.plugins.host import BLOCK_ENV
-from specterbench.plugins.testing import install_dist
+from specterbench.testing.pytest_plugin import install_dist
 
 FAST = ["--model", "tiny-random-mixtral", "--budgets", "50%", "--prompts", "1", "--tokens", "2", "--quiet"]
 

@@ -8,7 +8,7 @@ import pytest
 from specterbench import Strategy, hookimpl
 from specterbench.errors import UsageError
 from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
-from specterbench.plugins.testing import install_dist
+from specterbench.testing.pytest_plugin import install_dist
 
 BIN = Path(sys.executable).parent
 

@@ -16,12 +16,13 @@ from pathlib import Path
 import pytest
 
 from specterbench import hookimpl
+from specterbench.catalog.models import ModelSpec
+from specterbench.catalog.tiny import tiny_random
 from specterbench.cli import build_parser, main
-from specterbench.engine.models import ModelSpec, tiny_random
+from specterbench.cli.listing import add_parser
+from specterbench.engine.profiles import default_profile
 from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
-from specterbench.plugins.listing import add_parser
-from specterbench.engine.profiles import BUILTIN_PROFILES
-from specterbench.bench.results import read_rows
+from specterbench.runfiles.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 THIRD_PARTY = """
@@ -115,7 +116,7 @@ def test_blocked_plugins_are_listed_as_not_loaded_with_the_reason(host, thirdpar
 
 def test_the_environment_variables_work_in_a_fresh_process(thirdparty):
     env = {**os.environ, "PYTHONPATH": str(thirdparty)}
-    listing = [sys.executable, "-m", "specterbench.cli", "list", "--json"]
+    listing = [sys.executable, "-m", "specterbench", "list", "--json"]
 
     def strategies(**extra):
         proc = subprocess.run(listing, env={**env, **extra}, capture_output=True, text=True, check=True)
@@ -157,7 +158,7 @@ class Recorder:
 
     @hookimpl
     def specterbench_register_profiles(self, register):
-        register(dataclasses.replace(BUILTIN_PROFILES[0], name="recorded-profile", link_bytes_per_s=1e9))
+        register(dataclasses.replace(default_profile(), name="recorded-profile", link_bytes_per_s=1e9))
 
     @hookimpl
     def specterbench_register_host_profiles(self, register):
@@ -264,7 +265,7 @@ def test_installing_the_example_package_in_a_fresh_venv_makes_lfu_appear_and_run
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
 
     def specterbench(*args):
-        return subprocess.run([python, "-m", "specterbench.cli", *args], env=env, capture_output=True, text=True)
+        return subprocess.run([python, "-m", "specterbench", *args], env=env, capture_output=True, text=True)
 
     def strategies():
         listing = specterbench("list", "--json")

@@ -7,14 +7,14 @@ import json
 
 import pytest
 import torch
+from cli_errors import one_line  # noqa: E402
 
-from specterbench.bench.results import read_rows
 from specterbench.cli import main
 from specterbench.engine.draft import QuantSpec
 from specterbench.engine.geometry import geometry_preset
 from specterbench.engine.precision import Precision, priced_geometry
 from specterbench.errors import UsageError
-from cli_errors import one_line  # noqa: E402
+from specterbench.runfiles.results import read_rows
 
 MODEL = "tiny-random-mixtral"
 FAST = ["--model", MODEL, "--prompts", "1", "--tokens", "4", "--quiet", "--geometry", "own"]
@@ -97,8 +97,8 @@ def test_old_rows_without_precision_read_as_bf16(tmp_path):
 
 
 def test_set_precision_bills_stored_bytes_and_prices_the_geometry():
+    from specterbench.catalog.tiny import tiny_random
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import tiny_random
     from specterbench.engine.precision import quantize_model
 
     model, tok = tiny_random("mixtral")
@@ -123,8 +123,8 @@ def test_set_precision_bills_stored_bytes_and_prices_the_geometry():
 def test_the_engines_own_clock_prices_the_new_precision_before_any_cell():
     """An engine's default (host wall) clock was bound at 16 bits; set_precision moves its prices too, so estimates
     asked before ``configure`` (e.g. a strategy's ``min_cache_bytes``) see the stored bytes, not bf16's."""
+    from specterbench.catalog.tiny import tiny_random
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import tiny_random
 
     model, tok = tiny_random("mixtral")
     engine = Engine(model, name="tiny-random-mixtral", tokenizer=tok)

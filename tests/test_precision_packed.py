@@ -8,17 +8,16 @@ import pytest
 import torch
 
 from specterbench import Strategy
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine import residency
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import roundtrip
 from specterbench.engine.engine import Engine
 from specterbench.engine.kernels import LaunchCounter
-from specterbench.engine.models import tiny_random
 from specterbench.engine.packing import PackedWeight
 from specterbench.engine.precision import Precision, quantize_model
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
-from specterbench.engine.sampling import DecodeSetting
-from specterbench.plugins.strategy import ON_HOST
+from specterbench.engine.profiles import default_host_profile, default_profile
+from specterbench.strategy import ON_HOST
 
 CACHED = 8  # experts the cache holds, at their charged bytes
 
@@ -32,8 +31,8 @@ def quantized_engine(bits: int, dense_bits: int = 16):
 
 
 def configure(engine, strategy, budget_bytes):
-    engine.configure(strategy, budget_bytes, ModeledClock(BUILTIN_PROFILES[0], engine.geometry,
-                                                          BUILTIN_HOST_PROFILES[0]))
+    engine.configure(strategy, budget_bytes, ModeledClock(default_profile(), engine.geometry,
+                                                          default_host_profile()))
 
 
 @pytest.mark.parametrize("bits", [8, 4, 3, 2])
@@ -139,8 +138,8 @@ def test_a_packed_expert_is_priced_as_dequantization_into_the_scratch_and_a_16_b
 
 
 def test_a_quantized_run_stays_lossless_with_every_kind_of_placement(tmp_path, capsys):
-    from specterbench.bench.results import read_rows
     from specterbench.cli import main
+    from specterbench.runfiles.results import read_rows
 
     code = main(["run", "--model", "tiny-random-mixtral", "--prompts", "1", "--tokens", "6", "--quiet",
                  "--geometry", "own", "--strategies", "lru,cpu-experts,on-demand", "--budgets", "40%",

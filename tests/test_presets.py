@@ -1,7 +1,8 @@
 import pytest
 
+from specterbench.catalog.models import MODEL_PATH_ENV, resolve_checkpoint
+from specterbench.catalog.tiny import tiny_random
 from specterbench.errors import ModelError
-from specterbench.engine.models import MODEL_PATH_ENV, resolve_checkpoint, tiny_random
 
 
 def write_checkpoint(path):
@@ -57,7 +58,7 @@ def test_a_checkpoint_without_moe_names_the_supported_families(tmp_path, monkeyp
     LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                  num_attention_heads=2)).save_pretrained(tmp_path / "llama")
     monkeypatch.setenv(MODEL_PATH_ENV, str(tmp_path / "llama"))
-    from specterbench.engine.models import load_checkpoint
+    from specterbench.catalog.models import load_checkpoint
 
     with pytest.raises(ModelError, match="supported families: mixtral"):
         load_checkpoint(resolve_checkpoint("mixtral"))

@@ -9,9 +9,9 @@ import statistics
 import pytest
 
 from specterbench.analysis.report import render_markdown
-from specterbench.bench.results import ResultRow
 from specterbench.bench.runner import CellProgress, format_seconds
 from specterbench.cli import main
+from specterbench.runfiles.results import ResultRow
 
 FAST = ["--model", "tiny-random-mixtral", "--budgets", "50%", "--prompts", "1", "--tokens", "3"]
 

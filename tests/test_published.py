@@ -9,13 +9,18 @@ import math
 from pathlib import Path
 
 import pytest
+from cli_errors import one_line  # noqa: E402
 
 from specterbench.bench import published as pub
-from specterbench.bench.calibrate import load_profile_file
 from specterbench.cli import main
-from specterbench.engine.profiles import PROFILE_FILES_DIR, HardwareProfile, HostProfile, packaged_profiles
+from specterbench.engine.profiles import (
+    PROFILE_FILES_DIR,
+    HardwareProfile,
+    HostProfile,
+    load_profile_file,
+    packaged_profiles,
+)
 from specterbench.errors import UsageError
-from cli_errors import one_line  # noqa: E402
 
 SETUPS = ("a100-40g-pcie4-speq", "a100-80g-pcie4", "rtx3080m-16g-pcie4", "rtx3060-12g-pcie3", "t4-16g-pcie3",
           "quadro-rtx6000-24g-pcie3")

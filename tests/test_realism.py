@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specterbench import embedded
-from specterbench.embedded import lrc, realism
+from specterbench.catalog import embedded
+from specterbench.studies import lrc, realism
 
 
 def trace(rows, k: int = 1) -> np.ndarray:
@@ -151,7 +151,7 @@ def test_the_shipped_fidelity_rows_were_measured_with_the_current_draft(name):
     ``card.write_card``)."""
     import json
 
-    from specterbench.embedded.fidelity import load_calibration
+    from specterbench.catalog.embedded import load_calibration
 
     directory = embedded.model_dir(name)
     fid = json.loads((directory / "realism.json").read_text())["fidelity"]
@@ -163,7 +163,9 @@ def test_the_shipped_fidelity_rows_were_measured_with_the_current_draft(name):
     assert {key: row["label"] for key, row in fid["drafts"].items()} == setup["labels"]
 
 def test_bad_decode_option_is_one_line_and_exit_2_before_any_model_loads(capsys, monkeypatch):
-    monkeypatch.setattr(realism, "report", lambda *a, **k: pytest.fail("a model was loaded"))
-    assert realism.main(["--model", embedded.EMBEDDED_MODELS[0], "--temperature", "0"]) == 2
+    from specterbench.cli import main, studies
+
+    monkeypatch.setattr(studies, "report", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert main(["realism", "--model", embedded.EMBEDDED_MODELS[0], "--temperature", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "temperature" in err and "(0, 5]" in err

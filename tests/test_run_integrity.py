@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specterbench.bench import rundir
 from specterbench.cli import main
+from specterbench.runfiles import rundir
 
 MODEL = "tiny-random-mixtral"
 FAST = ["--model", MODEL, "--budgets", "50%", "--prompts", "1", "--tokens", "2", "--quiet"]
@@ -87,7 +87,7 @@ def test_run_resume_of_a_sweeps_folder_names_the_sweep_command(cli, tmp_path, fi
     (run_dir / rundir.RUN_JSON).unlink()
     (run_dir / rundir.GRID_COPY).write_text('models = ["x"]\n')
     code, _, err = cli("run", "--resume", run_dir, "--quiet")
-    assert code == 2 and f"a sweep's folder, not a run's; continue it with specterbench sweep" in error_line(err)
+    assert code == 2 and "a sweep's folder, not a run's; continue it with specterbench sweep" in error_line(err)
 
 
 def test_sweep_resume_of_a_runs_folder_names_the_run_command(cli, tmp_path, finished):
@@ -182,7 +182,7 @@ def test_gate_fails_on_a_foreign_row(cli, tmp_path, finished):
 
 
 def test_a_resumed_error_cell_is_not_a_duplicate(tmp_path, finished):
-    from specterbench.bench.results import integrity_problems, read_rows
+    from specterbench.runfiles.results import integrity_problems, read_rows
 
     run_dir = copy_run(finished, tmp_path / "r")
     rows = read_rows(run_dir)

@@ -3,10 +3,11 @@ import json
 import pytest
 
 from specterbench import Strategy, hookimpl
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.catalog.tiny import TINY_FAMILIES
 from specterbench.errors import BudgetError, UsageError
-from specterbench.engine.models import TINY_FAMILIES
-from specterbench.bench.results import read_rows
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.runfiles.results import read_rows
 
 BASELINES = ("on-demand", "lru", "static", "resident", "oracle")
 

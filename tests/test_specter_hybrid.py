@@ -3,13 +3,13 @@
 import pytest
 
 from specterbench.baselines.cpu_experts import CpuExperts
+from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
-from specterbench.engine.models import tiny_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.errors import UsageError
-from specterbench.plugins.strategy import FETCH, ON_HOST
+from specterbench.strategy import FETCH, ON_HOST
 from specterbench_specter import Specter
 
 
@@ -23,7 +23,7 @@ def engine():
 
 def configure(engine, strategy, fraction=0.9):
     engine.configure(strategy, int(fraction * engine.total_expert_bytes),
-                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0]))
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile()))
 
 
 def busy_host(engine, jobs):

@@ -9,18 +9,18 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+from cli_errors import one_line  # noqa: E402
+from test_clock_cuda_fake import clock as cuda_clock  # noqa: E402,F401  (a CudaClock over a fake torch.cuda)
 
 from specterbench import Request
 from specterbench.baselines import LRU
+from specterbench.catalog.tiny import tiny_random
 from specterbench.cli import main
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import geometry_preset
-from specterbench.engine.models import tiny_random
 from specterbench.errors import UsageError
-from cli_errors import one_line  # noqa: E402
-from test_clock_cuda_fake import clock as cuda_clock  # noqa: E402,F401  (a CudaClock over a fake torch.cuda)
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_a_device_to_host_copy_does_not_wait_for_the_host_to_device_link(t4):
     assert queued.end_s == pytest.approx(clock.costs.copy_seconds(n))
 
 
-def test_the_cuda_clock_runs_swap_copies_on_the_compute_stream_and_counts_each_direction(cuda_clock):
+def test_the_cuda_clock_runs_swap_copies_on_the_compute_stream_and_counts_each_direction(cuda_clock):  # noqa: F811
     ran = []
     back = cuda_clock.copy_on_compute("victim", 1000, lambda: ran.append("d2h"), to_host=True)
     load = cuda_clock.copy_on_compute("needed", 1000, lambda: ran.append("h2d"))

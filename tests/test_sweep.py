@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.executors import RayExecutor, require_ray
+from specterbench.bench.grid import load_grid, parse_grid
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.sweep import LocalExecutor, Plan, Sweep, expand
+from specterbench.cli.sweep import add_parser as add_sweep_parser
 from specterbench.errors import UsageError
 from specterbench.plugins.host import PluginHost
-from specterbench.bench.results import ResultRow, read_rows
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
-from specterbench.bench.sweep import (LocalExecutor, Plan, RayExecutor, Sweep, add_sweep_parser, expand, load_grid,
-                                parse_grid, require_ray)
+from specterbench.runfiles.results import ResultRow, read_rows
 
 MODEL = "tiny-random-mixtral"
 FAILING = """
@@ -307,3 +310,12 @@ def test_ray_sweep_resume_skips_finished_cells(ray_sweep):
 def test_require_ray_returns_the_module_when_installed():
     pytest.importorskip("ray", reason="Ray is not installed")
     assert require_ray().__name__ == "ray"
+
+
+def test_workers_run_functions_that_pickle_by_their_own_module():
+    import pickle
+
+    from specterbench.bench.sweep_jobs import record_shared, run_cell
+
+    assert pickle.loads(pickle.dumps(run_cell)) is run_cell
+    assert run_cell.__module__ == record_shared.__module__ == "specterbench.bench.sweep_jobs"

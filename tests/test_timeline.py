@@ -1,9 +1,9 @@
 import pytest
 
+from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.geometry import Geometry
 from specterbench.engine.profiles import HardwareProfile
 from specterbench.errors import UsageError
-from specterbench.engine.clocks import ModeledClock
 
 GEO = Geometry("g", hidden=8, expert_intermediate=8, num_experts=4, top_k=2, moe_layers=1, layers=1, heads=1,
                kv_heads=1, head_dim=8, vocab=16)

@@ -8,15 +8,14 @@ import json
 
 import pytest
 import torch
+from cli_errors import one_line  # noqa: E402
 
-from specterbench.bench.calibrate import load_profile_file
 from specterbench.cli import main
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.geometry import Geometry, geometry_preset
-from specterbench.engine.profiles import PROFILE_FILES_DIR, HardwareProfile, HostProfile
+from specterbench.engine.profiles import PROFILE_FILES_DIR, HardwareProfile, HostProfile, load_profile_file
 from specterbench.errors import UsageError
-from cli_errors import one_line  # noqa: E402
 
 GEO = Geometry("g", hidden=8, expert_intermediate=8, num_experts=4, top_k=2, moe_layers=1, layers=1, heads=1,
                kv_heads=1, head_dim=8, vocab=16)
@@ -50,8 +49,8 @@ def test_the_modeled_clock_runs_a_host_job_at_the_kernels_rate_beside_a_copy():
 
 def test_the_engine_prices_its_host_experts_at_the_host_profiles_torch_bf16_rate(host):
     from baselines.cpu_experts import CpuExperts
+    from specterbench.catalog.tiny import tiny_random
     from specterbench.engine.engine import Engine
-    from specterbench.engine.models import tiny_random
 
     hw, cpu = host.profiles().get("quadro-rtx6000-24g-pcie3"), host.host_profiles().get("xeon-skylake-48c")
     model, tok = tiny_random("mixtral")

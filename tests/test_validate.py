@@ -42,9 +42,8 @@ def test_a_failed_cell_has_no_error_figure_and_says_why():
 def test_validate_runs_measured_and_modeled_on_the_host(tmp_path, small_prompts):
     from specterbench.plugins.host import get_host, reset_host
 
-    profile = cal.write_profile_file(cal.calibrate("cpu", quick=True, threads=1, hidden=256, inter=512),
-                                     tmp_path / "host.toml")
-    from specterbench.bench.runner import parse_budget
+    profile = cal.calibrate("cpu", quick=True, threads=1, hidden=256, inter=512).write(tmp_path / "host.toml")
+    from specterbench.bench.budget import parse_budget
 
     reset_host()
     try:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specterbench import Strategy, hookimpl
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
 
 MEASURED = 2
 

@@ -2,7 +2,7 @@
 
 A *cell* is one (model, geometry, strategy with its options, budget fraction, profile, clock, workload, new tokens,
 prompts); repeats of a
-cell are pooled. Each metric of :data:`specterbench.bench.results.DIRECTIONS` is compared with its own direction, so
+cell are pooled. Each metric of :data:`specterbench.runfiles.results.DIRECTIONS` is compared with its own direction, so
 a lower TPOT is *better* and a lower hit rate is *worse*.
 
 Significance is a two-sided Mann-Whitney U test (``scipy.stats.mannwhitneyu``, alpha 0.05) over the raw per-token
@@ -26,7 +26,7 @@ import statistics
 from collections import defaultdict
 
 from specterbench.errors import UsageError
-from specterbench.bench.results import DIRECTIONS, ResultRow
+from specterbench.runfiles.results import DIRECTIONS, ResultRow
 
 ALPHA = 0.05
 CELL_FIELDS = ("model", "geometry", "strategy", "budget_fraction", "profile", "clock", "workload", "new_tokens",

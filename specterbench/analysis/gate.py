@@ -11,18 +11,14 @@ Besides the rules, a row whose status is not ``ok`` fails (a lossless strategy w
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from specterbench.analysis.compare import check_compatible
 from specterbench.analysis.gate_metrics import check_decode, describe, gate_key, group_rows
-from specterbench.analysis.gate_rules import (DEFAULT_RATCHET_MARGIN_PCT, DEFAULT_TOLERANCE_PCT, Check,  # noqa: F401
-                                              RegressionRule, Rule, SpeedupRule, load_rules, parse_rule)
-from specterbench.bench.results import ResultRow, integrity_problems, read_rows
-from specterbench.errors import SpecterbenchError, UsageError
+from specterbench.analysis.gate_rules import Check, parse_rule
+from specterbench.errors import UsageError
+from specterbench.runfiles.results import ResultRow, read_rows
 
 DEFAULT_REFERENCE = Path("results/reference")
 DEFAULT_RULES = DEFAULT_REFERENCE / "gate.toml"
@@ -55,7 +51,6 @@ class GateResult:
         return {"ok": self.ok, "checks": len(gated), "failed": len(self.failures),
                 "rules": [r.text for r in self.rules],
                 "failures": [asdict(c) for c in self.failures], "goals": [asdict(c) for c in self.goals]}
-
 
 
 # ---- running ------------------------------------------------------------------------------------------------
@@ -139,62 +134,3 @@ def render(result: GateResult, *, passes: bool = True) -> str:
 
 
 # ---- command line -------------------------------------------------------------------------------------------
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", nargs="+", help="run folder(s); several are gated as one run (make gate runs one "
-                   "per model, in parallel)")
-    p.add_argument("--reference", default=str(DEFAULT_REFERENCE))
-    p.add_argument("--rules", help=f"TOML rules file (default {DEFAULT_RULES})")
-    p.add_argument("--rule", action="append", help="a rule, e.g. 'ratchet strategy=specter metric=tpot_mean_ms' "
-                   "(repeatable)")
-    p.add_argument("--failures-only", action="store_true", help="print failures and goal lines, not the passes")
-    p.add_argument("--json", metavar="PATH", help="also write the failures and goal lines as JSON (for CI)")
-    p.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
-
-
-def add_parser(sub) -> None:
-    """The ``specterbench gate`` subcommand (for cli.py)."""
-    s = sub.add_parser("gate", help="check a run against rules and the committed reference; exit 1 on failure")
-    add_arguments(s)
-    s.set_defaults(func=cmd_gate)
-
-
-def cmd_gate(args) -> int:
-    rules = [parse_rule(t) for t in args.rule or []]
-    if args.rules or not rules:
-        rules = list(load_rules(args.rules or DEFAULT_RULES)) + rules
-    dirs = args.run_dir if isinstance(args.run_dir, list) else [args.run_dir]
-    by_dir = {d: read_rows(Path(d), on_error=args.on_error) for d in dirs}
-    rows = [r for d in dirs for r in by_dir[d]]
-    reference = (load_reference(args.reference, on_error=args.on_error)
-                 if any(r.needs_reference for r in rules) else [])
-    result = run_gate(rows, reference, rules)
-    for d, dir_rows in by_dir.items():  # a duplicated cell or a foreign run's rows would be gated as this run's
-        result.checks.extend(Check("integrity", False, problem, str(d))
-                             for problem in integrity_problems(dir_rows, Path(d) / "rows.jsonl"))
-    print(render(result, passes=not args.failures_only), end="")
-    if getattr(args, "json", None):
-        try:
-            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(args.json).write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False) + "\n",
-                                       encoding="utf-8")
-        except OSError as err:
-            raise UsageError(f"cannot write --json {args.json} ({err.strerror or err}); give a writable path (and "
-                             f"check free disk space); the verdict above stands") from None
-    return result.exit_code
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specterbench.analysis.gate", description=cmd_gate.__doc__ or
-                                "check a run against the gate's rules and the committed reference")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return cmd_gate(args)
-    except SpecterbenchError as err:
-        print(f"specterbench gate: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

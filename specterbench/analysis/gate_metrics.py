@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from specterbench.analysis.compare import cell_key
-from specterbench.bench.results import DIRECTIONS, ResultRow
+from specterbench.engine.sampling import DecodeSetting
 from specterbench.errors import UsageError
+from specterbench.runfiles.results import DIRECTIONS, ResultRow
 
 
 def _number(row: ResultRow, value, where: str) -> float | None:
@@ -106,7 +107,6 @@ def metric_value(rows: list[ResultRow], metric: str) -> float | None:
 
 def decode_label(row: ResultRow) -> str:
     """How the row's tokens were chosen (``greedy``, ``sample T=1 seed=0``); rows without the field were greedy."""
-    from specterbench.engine.sampling import DecodeSetting
 
     data = getattr(row, "decode", None)  # rows written before decode settings existed have no such field
     if data is None or data == {}:

@@ -13,17 +13,17 @@ not used here: re-recording within it, again and again, would let a metric creep
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from specterbench.analysis.gate import DEFAULT_REFERENCE, SpeedupRule, load_rules
+from specterbench.analysis.gate import DEFAULT_REFERENCE
 from specterbench.analysis.gate_metrics import METRICS, describe, group_rows, metric_value
-from specterbench.bench.results import ResultRow, read_rows
-from specterbench.errors import SpecterbenchError, UsageError
+from specterbench.analysis.gate_rules import SpeedupRule, load_rules
+from specterbench.analysis.report import write_summary
+from specterbench.errors import UsageError
+from specterbench.runfiles.results import ResultRow, read_rows
 
 NOISE_REL = 1e-9  # relative change below which a value has not moved (float summation order)
 INSTALLED = ("rows.jsonl", "reference.jsonl")  # concatenated over the candidate folders; summary.md is rewritten
@@ -110,7 +110,6 @@ def changelog_entry(moves: list[Move], reason: str, candidate: list[ResultRow], 
 
 def install(candidate_dirs: list[Path], reference_dir: Path, rows: list[ResultRow]) -> None:
     """The candidate's files into the reference folder (nothing stale left), and its summary."""
-    from specterbench.analysis.report import write_summary
 
     reference_dir.mkdir(parents=True, exist_ok=True)
     for name in INSTALLED:
@@ -163,28 +162,3 @@ def accept(candidate_dirs, reference_dir=DEFAULT_REFERENCE, rules_path=None, *, 
     print(f"reference: {reference_dir} now holds the candidate's {len(candidate)} rows; review "
           f"`git diff {reference_dir}` and commit it", file=out)
     return 0
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specterbench.analysis.gate_reference",
-                                description="replace the committed gate reference with a candidate run, on purpose")
-    p.add_argument("candidate", nargs="+", help="run folder(s) of the gate grid (make reference writes one per "
-                   "model: results/reference-candidate-<model>)")
-    p.add_argument("--reference", default=str(DEFAULT_REFERENCE))
-    p.add_argument("--rules", help="TOML rules file whose ratchets are checked (default <reference>/gate.toml)")
-    p.add_argument("--allow-regression", action="store_true",
-                   default=os.environ.get("ALLOW_REGRESSION", "") not in ("", "0"),
-                   help="accept worse metrics or lower ratchets (default: the ALLOW_REGRESSION variable)")
-    p.add_argument("--reason", default=os.environ.get("REASON", ""),
-                   help="why the regression is right (default: the REASON variable); appended to CHANGELOG.md")
-    args = p.parse_args(argv)
-    try:
-        return accept(args.candidate, args.reference, args.rules, allow_regression=args.allow_regression,
-                      reason=args.reason)
-    except SpecterbenchError as err:
-        print(f"specterbench reference: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

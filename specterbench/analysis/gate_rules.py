@@ -29,10 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Union
 
-from specterbench.analysis.gate_metrics import (REFERENCE_STRATEGIES, base_name, best_other_speedups, describe,
-                                                gated_metric, group_rows, metric_value)
-from specterbench.bench.results import ResultRow
+from specterbench.analysis.gate_metrics import (
+    REFERENCE_STRATEGIES,
+    base_name,
+    best_other_speedups,
+    describe,
+    gated_metric,
+    group_rows,
+    metric_value,
+)
 from specterbench.errors import UsageError
+from specterbench.runfiles.results import ResultRow
 
 # The modeled clock is deterministic: the same code, seed and torch build give the same figures to the last bit
 # (two runs of the gate grid on the project's 2-core machine agreed on all 375 gated values). 0.5% leaves room

@@ -25,7 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from specterbench.bench.results import ResultRow
+from specterbench.runfiles.results import ResultRow
 
 FIGSIZE = (6.4, 4.2)
 DPI = 120

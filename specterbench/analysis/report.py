@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from specterbench.bench.nvml import nvml_columns
-from specterbench.bench.results import ResultRow, read_rows
+from specterbench.runfiles.reference import workload_lines
+from specterbench.runfiles.results import ResultRow, integrity_problems, read_rows
 
 
 def load_frame(run_dir, on_error: str = "stop"):
@@ -115,10 +116,8 @@ def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
             lines.append("Clock: host wall time only (no CUDA device); TPOT of a GPU is not reported.")
         else:
             lines.append("TPOT is **measured** with CUDA events and synchronisation.")
-    from specterbench.bench.reference import workload_lines
 
     lines += [f"{line}." for line in workload_lines(run_dir)]
-    from specterbench.bench.results import integrity_problems
 
     problems = integrity_problems(rows, run_dir / "rows.jsonl")
     if problems:

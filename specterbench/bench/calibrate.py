@@ -17,25 +17,23 @@ What is measured (medians over repetitions, after a warm-up; CUDA timings with e
 
 The file is TOML with ``[profile]`` (a :class:`~specterbench.engine.profiles.HardwareProfile`),
 ``[host_profile]`` (a :class:`~specterbench.engine.profiles.HostProfile`) and ``[measured]`` (raw figures).
-:func:`load_profile_file` reads it back with one-line errors; :func:`register_profile_file` makes its profiles
-known to the plugin host under their names, so ``--profile PATH`` works wherever a profile name does.
+:func:`~specterbench.engine.profiles.load_profile_file` reads it back with one-line errors;
+:meth:`~specterbench.plugins.host.PluginHost.register_profile_file` makes its profiles known to the plugin host under
+their names, so ``--profile PATH`` works wherever a profile name does.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import statistics
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from specterbench import hookimpl
-from specterbench.engine.profiles import HardwareProfile, HostProfile
+from specterbench.engine.profiles import HardwareProfile, HostProfile, write_profile_file
 from specterbench.errors import UsageError
 
 COPY_SIZES = tuple(2**k for k in range(16, 27, 2))  # 64 KiB .. 64 MiB
@@ -43,10 +41,16 @@ QUICK_COPY_SIZES = tuple(2**k for k in range(16, 23, 2))  # 64 KiB .. 4 MiB
 
 
 @dataclass(frozen=True, slots=True)
-class Calibration:
+class MachineMeasurement:
+    """What ``specterbench calibrate`` measured: this machine's profiles and the raw figures behind them."""
+
     profile: HardwareProfile
     host: HostProfile
     measured: dict  # raw curves and figures
+
+    def write(self, path) -> Path:
+        """Write the profile file (``--profile PATH``)."""
+        return write_profile_file(path, self.profile, self.host, self.measured)
 
 
 # ---- timing ----------------------------------------------------------------------------------------------
@@ -105,7 +109,7 @@ def measure_link(device: torch.device, sizes=COPY_SIZES, reps: int = 5) -> dict:
             dst = torch.empty(n, dtype=torch.uint8, device=device)
         else:
             src, dst = torch.ones(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
-        curve.append(timer.seconds(lambda: dst.copy_(src, non_blocking=True), reps, inner=4))
+        curve.append(timer.seconds(lambda src=src, dst=dst: dst.copy_(src, non_blocking=True), reps, inner=4))
         del src, dst
     latency_s, bandwidth = fit_link(list(sizes), curve)
     return {"copy_bytes": list(sizes), "copy_seconds": curve, "copy_bytes_per_s": [n / t for n, t in
@@ -161,7 +165,7 @@ def _cpu_name() -> str:
 
 def calibrate(device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.bfloat16, quick: bool = False,
               threads: int | None = None, name: str | None = None, hidden: int = 2048,
-              inter: int = 4096) -> Calibration:
+              inter: int = 4096) -> MachineMeasurement:
     """Measure ``device`` (and the host) and return the profiles. ``quick``: fewer sizes and repetitions (tests).
 
     ``hidden``/``inter``: the weight shape of the compute measurements (default a 16 MiB bf16 matrix, larger
@@ -202,133 +206,7 @@ def calibrate(device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.
         sources=(how, f"host experts: {host['shape']} {host['dtype']} gemv and 64-token block, {threads} threads"))
     measured = {"device": str(device), "threads": threads, **link, "launch_us": launch_s * 1e6,
                 **{f"device_{k}": v for k, v in compute.items()}, **{f"host_{k}": v for k, v in host.items()}}
-    return Calibration(profile, host_profile, measured)
-
-
-# ---- the profile file --------------------------------------------------------------------------------------
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v) if math.isfinite(v) else "nan"
-    if isinstance(v, str):
-        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def write_profile_file(cal: Calibration, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = [f"# hardware profile written by `specterbench calibrate`; use it with --profile {path}", ""]
-    for table, data in (("profile", asdict(cal.profile)), ("host_profile", asdict(cal.host)),
-                        ("measured", cal.measured)):
-        lines.append(f"[{table}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if v is not None]  # None: not stated
-        lines.append("")
-    path.write_text("\n".join(lines), encoding="utf-8")
-    return path
-
-
-def _check_positive(kind: str, data: dict, fields) -> None:
-    for f in fields:
-        if f not in data:
-            continue  # from_dict names missing fields
-        v = data[f]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
-        if not math.isfinite(v):
-            raise UsageError(f"profile file: [{kind}] {f} must be finite, got {v!r}; re-run specterbench calibrate")
-        if not v > 0:
-            raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
-
-
-def load_profile_file(path, *, require_profile: bool = True) -> tuple[HardwareProfile | None, HostProfile | None]:
-    """The profiles of a file written by :func:`write_profile_file` (TOML or JSON with the same tables).
-    ``require_profile=False``: a file may hold only a ``[host_profile]`` (the built-in host-only files)."""
-    import json
-    import tomllib
-
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"--profile {path}: no such file; write one with `specterbench calibrate --out {path}` "
-                         f"or name a built-in profile (specterbench list)")
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"--profile {path}: malformed ({str(err).splitlines()[0]}); re-run specterbench "
-                         f"calibrate") from None
-    table = data.get("profile")
-    if not isinstance(table, dict) and (require_profile or not isinstance(data.get("host_profile"), dict)):
-        raise UsageError(f"--profile {path}: no [profile] table; re-run specterbench calibrate")
-    if table is not None:
-        _check_positive("profile", table, ("flops_per_s", "mem_bytes_per_s", "link_bytes_per_s", "link_latency_us",
-                                           "launch_us", "device_memory_bytes"))
-    try:
-        profile = HardwareProfile.from_dict(table) if table is not None else None
-        host = data.get("host_profile")
-        if host is not None:
-            if not isinstance(host, dict):
-                raise UsageError("[host_profile] must be a table")
-            _check_positive("host_profile", host, ("mem_bytes_per_s", "flops_per_s", "threads", "launch_us"))
-            host = HostProfile.from_dict(host)
-    except UsageError as err:
-        raise UsageError(f"--profile {path}: {err}") from None
-    except TypeError as err:
-        raise UsageError(f"--profile {path}: {err}; re-run specterbench calibrate") from None
-    return profile, host
-
-
-class _FileProfiles:
-    """An in-process plugin that registers the profiles of one file."""
-
-    def __init__(self, profile, host):
-        self.profile, self.host = profile, host
-
-    @hookimpl
-    def specterbench_register_profiles(self, register):
-        register(self.profile)
-
-    @hookimpl
-    def specterbench_register_host_profiles(self, register):
-        if self.host is not None:
-            register(self.host)
-
-
-def register_profile_file(host, path) -> tuple[str, str | None]:
-    """Register the file's profiles with the plugin host; returns ``(profile name, host profile name or None)``."""
-    profile, host_profile = load_profile_file(path)
-    known = host.profiles().items.get(profile.name)
-    if known is not None:
-        if known.obj != profile:
-            raise UsageError(f"--profile {path}: its name {profile.name!r} is already taken by "
-                             f"{known.plugin.name!r} with other figures; rename it (calibrate --name, or edit name)")
-        return profile.name, host_profile.name if host_profile else None
-    host.register(_FileProfiles(profile, host_profile), f"profile-file:{Path(path).resolve()}")
-    return profile.name, host_profile.name if host_profile else None
-
-
-def is_profile_path(text: str) -> bool:
-    """Whether ``--profile`` names a file rather than a registered profile."""
-    return text.endswith((".toml", ".json")) or os.sep in text or Path(text).is_file()
-
-
-# ---- command line --------------------------------------------------------------------------------------
-def add_calibrate_parser(sub) -> None:
-    s = sub.add_parser("calibrate", help="measure this machine's link, launch and compute; write a profile file")
-    s.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                   help="cuda, cuda:N or cpu (default: cuda when there is one)")
-    s.add_argument("--out", default="results/profile.toml", help="profile file to write (TOML)")
-    s.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    s.add_argument("--threads", type=int, default=None, help="host threads (default: torch's)")
-    s.add_argument("--name", help="profile name (default calibrated-<host>-<device>)")
-    s.add_argument("--shape", default="2048,4096", metavar="HIDDEN,INTER",
-                   help="weight shape of the compute measurements: the hidden and expert sizes of the model you "
-                        "will run (decode shapes), e.g. 4096,14336 for Mixtral, 256,160 for tiny-mixtral")
-    s.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds, noisier)")
-    s.set_defaults(func=cmd_calibrate)
+    return MachineMeasurement(profile, host_profile, measured)
 
 
 def check_device(text: str) -> torch.device:
@@ -346,54 +224,3 @@ def check_device(text: str) -> torch.device:
     elif device.type != "cpu":
         raise UsageError(f"--device {text}: only cpu and cuda are supported")
     return device
-
-
-def cmd_calibrate(args) -> int:
-    device = check_device(args.device)
-    if args.threads is not None and args.threads <= 0:
-        raise UsageError(f"--threads must be positive, got {args.threads}")
-    if args.threads is not None:
-        from specterbench.bench.runner import check_threads
-
-        check_threads(args.threads)
-    if args.name is not None and not args.name.strip():
-        raise UsageError("--name is empty; name the profile (what --profile selects), or leave --name out")
-    if Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out} is a folder; give the profile file to write, e.g. "
-                         f"{Path(args.out) / 'profile.toml'}")
-    try:
-        hidden, inter = (int(x) for x in args.shape.split(","))
-    except ValueError:
-        raise UsageError(f"--shape {args.shape!r}: write HIDDEN,INTER, e.g. 4096,14336") from None
-    if hidden <= 0 or inter <= 0:
-        raise UsageError(f"--shape {args.shape!r}: both sizes must be positive")
-    cal = calibrate(device, dtype=getattr(torch, args.dtype), quick=args.quick, threads=args.threads, name=args.name,
-                    hidden=hidden, inter=inter)
-    try:
-        path = write_profile_file(cal, args.out)
-    except OSError as err:
-        raise UsageError(f"cannot write --out {args.out} ({err.strerror or err}); give a writable file (and check "
-                         f"free disk space), then calibrate again") from None
-    p, h, m = cal.profile, cal.host, cal.measured
-    print(f"profile {p.name}: {p.accelerator}")
-    for n, t in zip(m["copy_bytes"], m["copy_seconds"]):
-        print(f"  copy {n / 2**20:8.3f} MiB  {t * 1e6:10.1f} us  {n / t / 1e9:7.2f} GB/s")
-    print(f"  link: {p.link_bytes_per_s / 1e9:.2f} GB/s, latency {p.link_latency_us:.1f} us (fit)")
-    print(f"  launch: {p.launch_us:.2f} us per kernel")
-    print(f"  compute ({m['device_dtype']}): gemv {p.mem_bytes_per_s / 1e9:.2f} GB/s "
-          f"({m['device_gemv_flops_per_s'] / 1e9:.2f} GFLOP/s at 1 token), {p.flops_per_s / 1e9:.1f} GFLOP/s at 64 tokens")
-    print(f"  host experts: {h.mem_bytes_per_s / 1e9:.2f} GB/s DRAM, {h.flops_per_s / 1e9:.1f} GFLOP/s, "
-          f"{h.threads} threads, {h.launch_us:.1f} us dispatch")
-    print(f"written: {path}  (use: --profile {path})")
-    return 0
-
-
-def main(argv=None) -> int:
-    """``python -m specterbench.bench.calibrate …`` (the same as ``specterbench calibrate …``)."""
-    from specterbench.cli import subcommand_main
-
-    return subcommand_main("calibrate", add_calibrate_parser, argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import statistics
 
-from specterbench.bench.results import ResultRow
+from specterbench.bench.numerics import classify_divergence
+from specterbench.runfiles.results import ResultRow
 
 
 def peak_rss_bytes() -> int:
@@ -21,7 +22,7 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
-def _p90(xs):
+def p90(xs):
     if not xs:
         return None
     s = sorted(xs)
@@ -42,7 +43,7 @@ def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
     decode_tokens = sum(s.tokens for samples in all_samples for s in samples[1:])
     st = engine.stats
     if row.clock != "host":
-        row.tpot_ms, row.tpot_p90_ms = _median(tpot), _p90(tpot)
+        row.tpot_ms, row.tpot_p90_ms = _median(tpot), p90(tpot)
         row.tpot_mean_ms = sum(tpot) / len(tpot) if tpot else None
     row.ttft_ms = _median(ttft)
     row.tokens_per_s = decode_tokens / decode_s if decode_s > 0 else None
@@ -67,7 +68,6 @@ def check_tokens(row: ResultRow, outputs, reference, lossless: bool, numerics=No
     """Token agreement with the reference; a lossless strategy's first divergence fails its row, unless
     (given ``numerics`` = (prompt ids by id, compute dtype, decode setting)) the reference's top-2 margin there
     is below the compute dtype's rounding: then it is numerics, noted in ``extra``, and the row stays ok."""
-    from specterbench.bench.numerics import classify_divergence
 
     same = total = 0
     first = None
@@ -100,6 +100,6 @@ def check_tokens(row: ResultRow, outputs, reference, lossless: bool, numerics=No
                      f"{first['position']}: got {first['got']}, expected {first['expected']}")
 
 
-def _samples(samples) -> dict:
+def samples_of(samples) -> dict:
     return {"tokens": [s.tokens for s in samples], "clock_ms": [s.clock_s * 1e3 for s in samples],
             "host_ms": [s.wall_s * 1e3 for s in samples]}

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from specterbench.errors import UsageError
+from specterbench.bench.calibrate import check_device as device_here
+from specterbench.errors import BudgetError, UsageError
 from specterbench.plugins.host import closest
+
 
 def check_device(text: str) -> None:
     """A device this machine has (``cpu``; ``cuda``/``cuda:N`` only with such a device): one line otherwise."""
-    from specterbench.bench.calibrate import check_device as device_here
 
     device_here(text)
 
@@ -95,7 +96,6 @@ def check_device_memory(engine, budgets, longest_prompt: int, new_tokens: int, f
     """Every cell budget (``budgets``: (text, bytes), everything a strategy keeps on the device is inside it) plus
     :func:`kv_activation_bytes` fits in ``free_bytes`` (measured after the model's dense weights were placed):
     one line naming the largest budget that fits otherwise."""
-    from specterbench.errors import BudgetError
 
     extra = kv_activation_bytes(engine, longest_prompt, new_tokens)
     total = engine.total_expert_bytes

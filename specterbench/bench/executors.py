@@ -1,5 +1,5 @@
 """The executors of a sweep: where its jobs run. Both take a :class:`~specterbench.bench.sweep_jobs.Plan` and yield
-one :class:`~specterbench.bench.results.ResultRow` per cell as cells finish, in any order.
+one :class:`~specterbench.runfiles.results.ResultRow` per cell as cells finish, in any order.
 
 - :class:`LocalExecutor`: a process pool on this machine (one cell per process, a dead worker fails only its cell);
 - :class:`RayExecutor`: Ray tasks on a local instance or a cluster (shared jobs through Ray's object store).
@@ -16,10 +16,10 @@ import signal
 from collections import deque
 from typing import TYPE_CHECKING, Any, Iterator
 
-from specterbench.errors import UsageError
 from specterbench.bench.grid import SharedJob
-from specterbench.bench.results import ResultRow
 from specterbench.bench.sweep_jobs import Plan, one_line, record_shared, run_cell
+from specterbench.errors import UsageError
+from specterbench.runfiles.results import ResultRow
 
 if TYPE_CHECKING:  # pragma: no cover
     from specterbench.bench.grid import Grid

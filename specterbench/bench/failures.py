@@ -7,7 +7,7 @@ import inspect
 import traceback
 from pathlib import Path
 
-from specterbench.plugins.strategy import Strategy
+from specterbench.strategy import Strategy
 
 DECISION_POINTS = frozenset(n for n, v in vars(Strategy).items()
                             if not n.startswith("_") and (inspect.isfunction(v) or isinstance(v, classmethod)))

@@ -14,11 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner, resolve_geometry
+from specterbench.engine.precision import Precision
+from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specterbench.plugins.host import PluginHost
     from specterbench.bench.runner import BenchConfig, Budget
+    from specterbench.plugins.host import PluginHost
 
 DEFAULT_PROFILE = "a100-40g-pcie4"  # as ``specterbench run``
 
@@ -85,7 +89,6 @@ def _values(source: str, key: str, value, kind: type) -> tuple:
 
 def parse_grid(data: dict, source: str = "<grid>") -> Grid:
     """A :class:`Grid` from the TOML's table; an unknown key or a malformed value is a one-line UsageError."""
-    from specterbench.bench.runner import parse_budget
 
     known = [*AXES, *SETTINGS, *DECODE_KEYS, *PRECISION_KEYS, "strategy_options"]
     for key in data:
@@ -124,7 +127,6 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
         raise UsageError(f"{source}: {key} shapes sampling, but decode = 'greedy'; drop {key}, or set decode = "
                          f"'sample'")
     if decode:
-        from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 
         base = DEFAULT_DECODE.to_dict() if decode.get("mode", DEFAULT_DECODE.mode) == "sample" else {}
         try:
@@ -136,7 +138,6 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
                              f"number, top_p = number, top_k = integer; got {decode}") from None
     precision = {arg: data[key] for key, arg in PRECISION_KEYS.items() if key in data}
     if precision:
-        from specterbench.engine.precision import Precision
 
         try:
             settings["precision"] = Precision.parse(**precision)
@@ -215,7 +216,6 @@ class SharedJob:
 
 def expand(grid: Grid, host: "PluginHost") -> list[Cell]:
     """Every cell of the grid, validated up front, in a stable order (model outermost); duplicates dropped."""
-    from specterbench.bench.runner import BenchConfig, Runner, resolve_geometry
 
     strategies = tuple(host.strategies().names()) if grid.strategies == ("all",) else grid.strategies
     for sname in strategies:

@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from specterbench import hookimpl
+from specterbench.plugins import hookimpl
 
 KB = 1024  # NVML reports PCIe throughput in KB/s; taken as KiB, as NVIDIA's samples convert it
 DEFAULT_INTERVAL_S = 0.02  # NVML's own sample window is ~20 ms

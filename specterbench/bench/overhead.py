@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from specterbench.engine.engine import Engine
 from specterbench.bench.runner import ReferenceStrategy, encode_prompts, load_prompts
-from specterbench.plugins.strategy import Request
-from specterbench.engine.clocks import HostWallClock
+from specterbench.engine.engine import Engine
+from specterbench.engine.host_clock import HostWallClock
+from specterbench.strategy import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,13 +22,19 @@ import itertools
 import json
 import math
 import statistics
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
+from specterbench.bench.budget import Budget
+from specterbench.bench.checks import check_context
+from specterbench.bench.runner import BenchConfig, Runner, encode_prompts, load_prompts
+from specterbench.bench.validate import mean_tpot_ms
+from specterbench.engine.costs import CostModel
+from specterbench.engine.dense_copy import dense_params
+from specterbench.engine.geometry import geometry_preset
+from specterbench.engine.precision import Precision, priced_geometry
+from specterbench.engine.profiles import DEFAULT_HOST_PROFILE
 from specterbench.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,9 +146,6 @@ def load_record(host, path: Path | str = RECORD) -> list[Measurement]:
     model, profile, strategy or geometry, a bad precision or budget is one UsageError line naming the row."""
     import tomllib
 
-    from specterbench.engine.geometry import geometry_preset
-    from specterbench.engine.precision import Precision
-
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -237,8 +240,6 @@ def _check_budget(m: Measurement, host) -> None:
 
 # ---- pricing ------------------------------------------------------------------------------------------------------
 def _priced(m: Measurement):
-    from specterbench.engine.geometry import geometry_preset
-    from specterbench.engine.precision import priced_geometry
 
     return priced_geometry(geometry_preset(m.geometry), m.precision)
 
@@ -246,7 +247,6 @@ def _priced(m: Measurement):
 def price_component(host, m: Measurement) -> float:
     """A component figure in ms, from the cost model alone: ``count`` expert copies one after another on an idle
     link, or ``count`` experts of one token on an idle host (activations down and back included)."""
-    from specterbench.engine.costs import CostModel
 
     profile = host.profiles().get(m.profile)
     hp = host.host_profiles().get(m.host_profile) if m.host_profile else None
@@ -259,7 +259,6 @@ def price_component(host, m: Measurement) -> float:
 def dense_bytes(geometry, precision) -> float:
     """Device bytes of everything but the routed experts at ``geometry`` (a projection's real model): attention,
     shared and dense MLPs and the head at the target's dense bits, the embedding and the routers at 16 bits."""
-    from specterbench.engine.dense_copy import dense_params
 
     g = geometry
     spec = precision.dense_spec
@@ -277,7 +276,6 @@ def budget_bytes(host, engine, m: Measurement) -> tuple[int, str]:
     """The measurement's budget in the engine's bytes, and how it was derived (printed beside the row)."""
     b, total = m.budget, engine.total_expert_bytes
     if "slots_per_layer" in b:
-        from specterbench.engine.geometry import geometry_preset
 
         real_e = geometry_preset(m.geometry).num_experts
         n = b["slots_per_layer"]
@@ -324,11 +322,6 @@ def run_record(host, measurements: list[Measurement], *, prompts: int, tokens: i
 
 
 def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, tokens, out, progress) -> None:
-    from specterbench.bench.budget import Budget
-    from specterbench.bench.checks import check_context
-    from specterbench.bench.runner import BenchConfig, Runner, encode_prompts, load_prompts
-    from specterbench.bench.validate import mean_tpot_ms
-    from specterbench.engine.profiles import DEFAULT_HOST_PROFILE
 
     first = rows[0]
     base = BenchConfig(models=(standin,), strategies=tuple(dict.fromkeys(m.strategy for m in rows)),
@@ -457,80 +450,6 @@ def to_json(outcomes: list[Outcome]) -> dict:
     pairs = [{"setting": p.setting, "faster": p.fast.measurement.id, "slower": p.slow.measurement.id,
               "published": p.published, "modeled": p.modeled, "error": p.error} for p in pairs_of(outcomes)]
     return {"measurements": rows, "pairs": pairs, "summary": summary(outcomes)}
-
-
-# ---- command line -------------------------------------------------------------------------------------------------
-def add_published_parser(sub) -> None:
-    s = sub.add_parser("published", help="hold the modeled clock against published measurements (MoE-SpeQ, "
-                       "mixtral-offloading, Fiddler, component figures)")
-    s.add_argument("--record", default=str(RECORD), help="the published record (TOML; default: the shipped one)")
-    s.add_argument("--ids", default="", help="comma-separated measurement ids (default: all)")
-    s.add_argument("--quick", action="store_true", help=f"a subset in seconds ({', '.join(QUICK_IDS)}), 1 prompt "
-                   "x 8 tokens")
-    s.add_argument("--prompts", type=int, default=4, help="benchmark prompts per decode measurement (default 4)")
-    s.add_argument("--tokens", type=int, default=32, help="new tokens per prompt (default 32)")
-    s.add_argument("--out", default=None, help="folder for rows.jsonl, published.md and published.json "
-                   "(default results/published-<time>)")
-    s.add_argument("--list", action="store_true", help="list the record's measurements and exit")
-    s.add_argument("--quiet", action="store_true")
-    s.set_defaults(func=cmd_published)
-
-
-def cmd_published(args) -> int:
-    from specterbench.plugins.host import get_host
-
-    host = get_host()
-    measurements = load_record(host, args.record)
-    ids = [i.strip() for i in args.ids.split(",") if i.strip()] or (list(QUICK_IDS) if args.quick else [])
-    if ids:
-        known = {m.id for m in measurements}
-        unknown = [i for i in ids if i not in known]
-        if unknown:
-            raise UsageError(f"--ids: unknown measurement(s) {', '.join(unknown)}; see specterbench published --list")
-        measurements = [m for m in measurements if m.id in ids]
-    if args.list:
-        for m in measurements:
-            print(f"{m.id:26} {m.kind:13} {m.published_text:22} {m.system} — {m.source}")
-        return 0
-    prompts, tokens = (1, 8) if args.quick else (args.prompts, args.tokens)
-    if prompts <= 0 or tokens <= 1:
-        raise UsageError("--prompts must be positive and --tokens at least 2 (TPOT needs a decode token)")
-    out = Path(args.out or f"results/published-{time.strftime('%Y%m%d-%H%M%S')}")
-    if (out / "rows.jsonl").exists():
-        raise UsageError(f"--out {out} already holds rows.jsonl; pass another --out or remove it")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"cannot write --out {out} ({err.strerror or err})") from None
-    progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
-    started = time.perf_counter()
-    outcomes = run_record(host, measurements, prompts=prompts, tokens=tokens, out=out, progress=progress)
-    text = render(outcomes) + (f"\n{prompts} prompt(s) x {tokens} tokens per decode measurement; "
-                               f"{time.perf_counter() - started:.0f} s on this machine\n")
-    try:
-        (out / "published.md").write_text(text, encoding="utf-8")
-        (out / "published.json").write_text(json.dumps(to_json(outcomes), indent=2), encoding="utf-8")
-    except OSError as err:
-        raise UsageError(f"cannot write the results to {out} ({err.strerror or err})") from None
-    print(text, end="")
-    print(f"written: {out / 'published.md'}, {out / 'published.json'}, {out / 'rows.jsonl'}")
-    failed = [o for o in outcomes if o.status != "ok"]
-    if failed:
-        print(f"specterbench: {len(failed)} measurement(s) failed: " +
-              "; ".join(f"{o.measurement.id}: {o.status}" for o in failed), file=sys.stderr)
-        return 1
-    return 0
-
-
-def main(argv=None) -> int:
-    """``python -m specterbench.bench.published …`` (the same as ``specterbench published …``)."""
-    from specterbench.cli import subcommand_main
-
-    return subcommand_main("published", add_published_parser, argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
 
 
 __all__ = ["Measurement", "Outcome", "Pair", "QUICK_IDS", "RECORD", "load_record", "pairs_of", "price_component",

@@ -8,7 +8,6 @@ and appends one row per cell to ``rows.jsonl`` as soon as the cell ends.
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,26 +15,33 @@ from typing import Callable
 
 import torch
 
+from specterbench.bench.budget import Budget
+from specterbench.bench.cell_metrics import check_tokens, fill_metrics, peak_rss_bytes, samples_of
+from specterbench.bench.checks import (
+    check_context,
+    check_device,
+    check_device_memory,
+    check_strategy_options,
+    check_workload_size,
+)
+from specterbench.bench.failures import describe_failure, where
+from specterbench.bench.workloads import load_workload
+from specterbench.engine.clocks import ModeledClock
+from specterbench.engine.costs import CostModel
+from specterbench.engine.cuda_clock import CudaClock, HostPool
 from specterbench.engine.draft import drafts_allocated_bytes
 from specterbench.engine.engine import Engine
-from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
 from specterbench.engine.geometry import geometry_preset, project
-from specterbench.plugins.host import PluginHost, warn
-from specterbench.bench.reference import write_reference
-from specterbench.bench.results import ResultRow, RowWriter, read_rows
-from specterbench.plugins.strategy import Calibration, Request, Strategy
-from specterbench.engine.clocks import CudaClock, HostWallClock, ModeledClock
-from specterbench.engine.costs import CostModel
+from specterbench.engine.graphs import check_setting as check_graph_setting
+from specterbench.engine.host_clock import HostWallClock
 from specterbench.engine.precision import BF16, Precision, quantize_model
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
-from specterbench.engine.graphs import check_setting as check_graph_setting
-from specterbench.bench.budget import Budget, parse_budget  # noqa: F401 - parse_budget is imported from here
-from specterbench.bench.checks import (check_context, check_device, check_device_memory, check_strategy_options,
-                                       check_workload_size)
-from specterbench.engine.cuda_clock import HostPool
-from specterbench.bench.failures import describe_failure, where
-from specterbench.bench.cell_metrics import _p90, _samples, check_tokens, fill_metrics  # noqa: F401 - _p90
-from specterbench.bench.cell_metrics import peak_rss_bytes
+from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
+from specterbench.plugins.host import PluginHost, warn
+from specterbench.runfiles.reference import write_reference
+from specterbench.runfiles.results import ResultRow, RowWriter, read_rows, strategy_label
+from specterbench.strategy import Request, RoutingCalibration, Strategy
+
 
 @dataclass(frozen=True, slots=True)
 class BenchConfig:
@@ -175,14 +181,6 @@ def resolve_geometry(geometry: str | None, spec, clock: str) -> str | None:
     return geometry
 
 
-def strategy_label(name: str, options: dict | None) -> str:
-    """The strategy as a cell key names it: ``specter`` or, with options, ``specter[bits=4,k=8]`` (sorted)."""
-    if not options:
-        return name
-    parts = (f"{k}={v if isinstance(v, str) else json.dumps(v, sort_keys=True)}" for k, v in sorted(options.items()))
-    return f"{name}[{','.join(parts)}]"
-
-
 @dataclass(slots=True)
 class Reference:
     tokens: dict[str, tuple[int, ...]]
@@ -271,7 +269,6 @@ def encode_prompts(engine: Engine, texts: list[tuple[str, str]], limit: int) -> 
 
 
 def load_prompts(name: str, n: int) -> list[tuple[str, str]]:
-    from specterbench.bench.workloads import load_workload
 
     items = load_workload(name)
     return [(str(item["id"]), item["text"]) for item in items[:n]]
@@ -457,12 +454,12 @@ class Runner:
         raise UsageError(f"every prompt of the calibration workload {self.config.calibration!r} is also measured; "
                          f"there is none left for the warm-up (run with --no-warmup)")
 
-    def calibrate(self, engine: Engine) -> Calibration:
+    def calibrate(self, engine: Engine) -> RoutingCalibration:
         """Routed-token counts per (layer, expert) over the calibration workload: prefill plus 16 new tokens."""
         cfg = self.config
         prompts = encode_prompts(engine, load_prompts(cfg.calibration, 10**6), cfg.max_prompt_tokens)
         sequences = tuple(c.clone() for _, _, _, c, _ in self._resident_pass(engine, prompts, 16))
-        return Calibration(torch.stack(sequences).sum(0), tuple(ids for _, ids in prompts), sequences, cfg.decode)
+        return RoutingCalibration(torch.stack(sequences).sum(0), tuple(ids for _, ids in prompts), sequences, cfg.decode)
 
     # ---- one cell ----------------------------------------------------------------------------------
     def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration) -> ResultRow:
@@ -502,7 +499,7 @@ class Runner:
                 engine.begin_warmup()
                 engine.begin_request(request(pid, ids))
                 strategy.generate(engine, request(pid, ids))
-                row.warmup = _samples(engine.samples)
+                row.warmup = samples_of(engine.samples)
                 row.warmup["prompt"] = pid
                 engine.end_warmup()  # engine counters and clock totals restart; the strategy's on_warmup_end
                 if warns_warmup_metrics(cls, entry.plugin.name):

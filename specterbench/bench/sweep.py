@@ -29,13 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specterbench.bench.executors import (PRELOAD, PROPAGATED_ENV_PREFIXES, RAY_INSTALL_HINT,  # noqa: F401
-                                          LocalExecutor, RayExecutor, require_ray)
-from specterbench.bench.grid import (OWN_GEOMETRY, Cell, Grid, SharedJob, calibration_key, expand,  # noqa: F401
-                                     load_grid, parse_grid, reference_key)
-from specterbench.bench.results import ResultRow, RowWriter, read_rows
-from specterbench.bench.sweep_cli import add_sweep_parser, cmd_sweep  # noqa: F401
-from specterbench.bench.sweep_jobs import Plan, SharedReference, error_row, record_shared, run_cell  # noqa: F401
+from specterbench.bench.executors import LocalExecutor
+from specterbench.bench.grid import Grid, SharedJob, expand
+from specterbench.bench.progress import progress
+from specterbench.bench.runner import format_seconds
+from specterbench.bench.sweep_jobs import Plan
+from specterbench.runfiles.results import ResultRow, RowWriter, read_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from specterbench.plugins.host import PluginHost
@@ -82,8 +81,6 @@ class Sweep:
         return Plan(self.host, todo, shared, needs, self.run_dir, self.env)
 
     def run(self) -> SweepResult:
-        from specterbench.bench.progress import progress
-        from specterbench.bench.runner import format_seconds
 
         self.executor.check(self.grid)
         plan = self.plan()
@@ -113,10 +110,3 @@ class Sweep:
         finally:
             bar.close()
         return result
-
-
-# what ``specterbench.bench.sweep`` (and the old ``specterbench.sweep``) exported before the split
-__all__ = ["OWN_GEOMETRY", "PRELOAD", "PROPAGATED_ENV_PREFIXES", "RAY_INSTALL_HINT", "Cell", "Grid", "LocalExecutor",
-           "Plan", "RayExecutor", "SharedJob", "SharedReference", "Sweep", "SweepResult", "add_sweep_parser",
-           "calibration_key", "cmd_sweep", "error_row", "expand", "load_grid", "parse_grid", "record_shared",
-           "reference_key", "require_ray", "run_cell"]

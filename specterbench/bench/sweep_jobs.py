@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specterbench.errors import BudgetError
+from specterbench.bench import runner as runner_module
 from specterbench.bench.grid import Cell, SharedJob
-from specterbench.bench.results import ResultRow
+from specterbench.bench.runner import Runner
+from specterbench.engine.geometry import project
+from specterbench.engine.precision import priced_geometry
+from specterbench.errors import BudgetError
+from specterbench.plugins.host import get_host
+from specterbench.runfiles.results import ResultRow
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specterbench.plugins.host import PluginHost
     from specterbench.bench.runner import BenchConfig
+    from specterbench.plugins.host import PluginHost
 
 # ---- the work, as run on a worker -------------------------------------------------------------------------
 
@@ -45,11 +50,6 @@ def _worker(cfg: "BenchConfig", run_dir: str = "."):
     """(host, runner, engine) in this worker process; the engine is kept for the next job on the same model."""
     import torch
 
-    from specterbench.engine.geometry import project
-    from specterbench.engine.precision import priced_geometry
-    from specterbench.plugins.host import get_host
-    from specterbench.bench.runner import Runner
-
     torch.set_num_threads(cfg.threads)
     host = get_host()
     if _WORKER["env"] is None:
@@ -67,8 +67,7 @@ def _worker(cfg: "BenchConfig", run_dir: str = "."):
 
 
 def record_shared(job: SharedJob):
-    """Run a shared job: a :class:`SharedReference` or a :class:`specterbench.plugins.strategy.Calibration`."""
-    from specterbench.bench import runner as runner_module
+    """Run a shared job: a :class:`SharedReference` or a :class:`specterbench.strategy.RoutingCalibration`."""
 
     cfg = job.config
     _, runner, engine = _worker(cfg)

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from specterbench import hookimpl
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.catalog.models import ModelSpec
+from specterbench.engine.sampling import DecodeSetting
 from specterbench.errors import UsageError
 
 DEFAULT_STRATEGIES = ("lru", "specter", "oracle", "cpu-experts")
@@ -40,31 +41,19 @@ class Comparison:
     modeled_hit_rate: float | None = None
 
 
-class _DtypeModel:
-    """An in-process plugin: ``<model>@<dtype>``, the same model cast to ``dtype``."""
-
-    def __init__(self, spec, dtype: torch.dtype):
-        from specterbench.engine.models import ModelSpec
-
-        def load():
-            model, tokenizer = spec.load()
-            return model.to(dtype), tokenizer
-
-        tag = str(dtype).replace("torch.", "")
-        self.spec = ModelSpec(name=f"{spec.name}@{tag}", family=spec.family, kind=spec.kind, load=load,
-                              description=f"{spec.name} cast to {tag}", geometry=spec.geometry)
-
-    @hookimpl
-    def specterbench_register_models(self, register):
-        register(self.spec)
-
-
 def model_in_dtype(host, name: str, dtype: torch.dtype) -> str:
+    """Register ``<model>@<dtype>``, the model ``name`` cast to ``dtype``, and return its name."""
     spec = host.models().get(name)
-    plugin = _DtypeModel(spec, dtype)
-    if plugin.spec.name not in host.models().names():
-        host.register(plugin, f"dtype-model:{plugin.spec.name}")
-    return plugin.spec.name
+
+    def load():
+        model, tokenizer = spec.load()
+        return model.to(dtype), tokenizer
+
+    tag = str(dtype).replace("torch.", "")
+    cast = ModelSpec(name=f"{spec.name}@{tag}", family=spec.family, kind=spec.kind, load=load,
+                     description=f"{spec.name} cast to {tag}", geometry=spec.geometry)
+    host.add(f"dtype-model:{cast.name}", models=[cast])
+    return cast.name
 
 
 def mean_tpot_ms(row, key: str) -> float | None:
@@ -119,15 +108,12 @@ def render(comparisons, profile: str, model: str) -> str:
 def validate(host, *, profile_path, model: str, strategies, budgets, prompts: int, tokens: int, device: str,
              out: Path, threads: int | None = None, dtype: torch.dtype = torch.bfloat16, seed: int = 0,
              strategy_options: dict | None = None, progress=None) -> tuple[list[Comparison], str]:
-    from specterbench.bench.calibrate import register_profile_file
-    from specterbench.bench.runner import BenchConfig, Runner
-    from specterbench.engine.sampling import DecodeSetting
 
     for clock in ("measured", "modeled"):
         if (Path(out) / clock / "rows.jsonl").exists():
             raise UsageError(f"--out {out} already holds a validation ({clock}/rows.jsonl); pass another --out or "
                              f"remove it")
-    profile, host_profile = register_profile_file(host, profile_path)
+    profile, host_profile = host.register_profile_file(profile_path)
     name = model_in_dtype(host, model, dtype)
     if threads is None:
         threads = host.host_profiles().get(host_profile).threads if host_profile else 1
@@ -149,81 +135,3 @@ def validate(host, *, profile_path, model: str, strategies, budgets, prompts: in
         {"profile": profile, "profile_file": str(profile_path), "model": name, "device": device,
          "threads": threads, "comparisons": [asdict(c) for c in comparisons]}, indent=2), encoding="utf-8")
     return comparisons, text
-
-
-# ---- command line --------------------------------------------------------------------------------------
-def add_validate_parser(sub) -> None:
-    s = sub.add_parser("validate", help="run cells measured and modeled; print modeled-vs-measured TPOT error")
-    s.add_argument("--profile", required=True, help="profile file written by `specterbench calibrate`")
-    s.add_argument("--model", default="tiny-mixtral")
-    s.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES))
-    s.add_argument("--budgets", default="50%")
-    s.add_argument("--prompts", type=int, default=4)
-    s.add_argument("--tokens", type=int, default=16)
-    s.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    s.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
-    s.add_argument("--threads", type=int, default=None, help="host threads (default: the profile's host threads)")
-    s.add_argument("--out", default=None, help="folder for the results (default results/validate-<time>)")
-    s.add_argument("--max-error", type=float, default=None,
-                   help="exit 1 when any cell's |error| exceeds this fraction (default: report only)")
-    s.add_argument("--set", action="append", metavar="STRATEGY.OPTION=VALUE", help="strategy option (as in run)")
-    s.add_argument("--quiet", action="store_true")
-    s.set_defaults(func=cmd_validate)
-
-
-def cmd_validate(args) -> int:
-    from specterbench.bench.calibrate import check_device
-    from specterbench.bench.runner import parse_budget
-    from specterbench.cli import _options
-    from specterbench.plugins.host import get_host
-
-    check_device(args.device)
-    if not Path(args.profile).is_file():
-        host = get_host()
-        if args.profile in host.profiles().names():
-            raise UsageError(f"--profile {args.profile} is a built-in profile (another machine's published figures); "
-                             f"validate checks a profile measured on this machine: write it with `specterbench "
-                             f"calibrate --out results/profile.toml`, then validate --profile results/profile.toml")
-        raise UsageError(f"--profile {args.profile}: no such file; write this machine's profile with `specterbench "
-                         f"calibrate --out {args.profile}`, then validate it")
-    if args.threads is not None:
-        from specterbench.bench.runner import check_threads
-
-        if args.threads <= 0:
-            raise UsageError(f"--threads must be positive, got {args.threads}")
-        check_threads(args.threads)
-    if args.prompts <= 0 or args.tokens <= 1:
-        raise UsageError("--prompts must be positive and --tokens at least 2 (TPOT needs a decode token)")
-    strategies = tuple(s.strip() for s in args.strategies.split(",") if s.strip())
-    budgets = tuple(parse_budget(b) for b in args.budgets.split(",") if b.strip())
-    progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
-    if args.out is None:
-        import time
-
-        args.out = f"results/validate-{time.strftime('%Y%m%d-%H%M%S')}"
-    comparisons, text = validate(get_host(), profile_path=args.profile, model=args.model, strategies=strategies,
-                                 budgets=budgets, prompts=args.prompts, tokens=args.tokens, device=args.device,
-                                 out=Path(args.out), threads=args.threads, dtype=getattr(torch, args.dtype),
-                                 strategy_options=_options(args.set), progress=progress)
-    print(text, end="")
-    print(f"written: {Path(args.out) / 'validate.md'}, {Path(args.out) / 'validate.json'}")
-    failed = [c for c in comparisons if c.status != "ok"]
-    if failed:
-        print(f"specterbench: {len(failed)} cell(s) failed: " + "; ".join(f"{c.strategy}: {c.status}"
-                                                                         for c in failed), file=sys.stderr)
-        return 1
-    if args.max_error is not None and any(c.error is not None and abs(c.error) > args.max_error
-                                          for c in comparisons):
-        return 1
-    return 0
-
-
-def main(argv=None) -> int:
-    """``python -m specterbench.bench.validate …`` (the same as ``specterbench validate …``)."""
-    from specterbench.cli import subcommand_main
-
-    return subcommand_main("validate", add_validate_parser, argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -20,6 +20,11 @@ from specterbench.errors import EngineViolation
 
 ExpertKey = tuple[int, int]  # (moe_layer, expert)
 
+# Where a missed expert runs (``Strategy.place_miss``).
+FETCH = "fetch"  # copy its weights to the device and compute there (lossless)
+ON_HOST = "host"  # compute on the host CPU with the host copy; activations cross the link (lossless)
+SUBSTITUTE = "substitute"  # compute with the strategy's own device copy, e.g. 4-bit (lossy: set lossless=False)
+
 
 class PrefetchResult(enum.Enum):
     """What ``engine.prefetch(key, priority)`` did. Truthy only for :attr:`QUEUED`."""

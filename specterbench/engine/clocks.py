@@ -2,9 +2,9 @@
 
 - :class:`ModeledClock` — a deterministic two-resource timeline (compute stream, copy link) plus the host CPU,
   priced by the cost model (:mod:`specterbench.engine.costs`). The same calls give the same times on any machine.
-- :class:`CudaClock` — measured: real copies from pinned memory on a dedicated copy stream fed by the copy
+- :class:`~specterbench.engine.cuda_clock.CudaClock` — measured: real copies from pinned memory on a dedicated copy stream fed by the copy
   scheduler, CUDA events, host wall time with synchronisation.
-- :class:`HostWallClock` — measured on a machine without CUDA: host wall time only, copies are plain host copies.
+- :class:`~specterbench.engine.host_clock.HostWallClock` — measured on a machine without CUDA: host wall time only, copies are plain host copies.
 
 Every clock orders copies with the same :class:`~specterbench.engine.scheduler.CopyScheduler` (priorities, demand
 first, cancel of copies not started, bounded copies in flight), so the modeled clock prices the decisions the CUDA
@@ -23,8 +23,7 @@ from specterbench.engine.geometry import Geometry
 from specterbench.engine.profiles import HardwareProfile, HostProfile
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler, Transfer
 
-__all__ = ["Clock", "ClockTotals", "CudaClock", "DEMAND_PRIORITY", "HostJob", "HostWallClock", "ModeledClock",
-           "Transfer"]
+__all__ = ["Clock", "ClockTotals", "HostJob", "ModeledClock", "Transfer"]
 
 
 @dataclass(slots=True)
@@ -146,7 +145,7 @@ class Clock(Protocol):
         """The host reads the step's tokens: wait for the device (measured clocks)."""
 
 
-class _Backlog:
+class Backlog:
     """Backlog figures shared by the clocks, from the scheduler's running totals."""
 
     costs: CostModel
@@ -165,7 +164,7 @@ class _Backlog:
         return count * c.profile.link_latency_us * 1e-6 + nbytes / c.profile.link_bytes_per_s
 
 
-class ModeledClock(_Backlog):
+class ModeledClock(Backlog):
     """Deterministic timeline priced by a hardware profile at a geometry.
 
     Compute ops run back to back on the compute stream. Copies wait in the scheduler from the time they are issued;
@@ -461,15 +460,3 @@ class ModeledClock(_Backlog):
     def sync(self) -> None:
         """The host reads the step's tokens: nothing to wait for beyond the compute stream itself."""
 
-
-def __getattr__(name: str):
-    """The measured clocks live in their own modules (they build on the names above); imported on first use."""
-    if name == "HostWallClock":
-        from specterbench.engine.host_clock import HostWallClock
-
-        return HostWallClock
-    if name == "CudaClock":
-        from specterbench.engine.cuda_clock import CudaClock
-
-        return CudaClock
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,10 +23,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Sequence
 
-from specterbench.engine.clocks import ClockTotals, HostJob, _Backlog
+from specterbench.engine.clocks import Backlog, ClockTotals, HostJob
 from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler, Transfer
-
 
 DEPTH_S = 0.010  # link time kept enqueued on the copy stream: enough that it never idles between pumps
 MAX_IN_FLIGHT = 64  # and at most this many copies (small experts)
@@ -52,7 +51,7 @@ class HostPool:
         self.executor.shutdown(wait=True)
 
 
-class CudaClock(_Backlog):  # pragma: no cover - needs CUDA (tests/test_clock_cuda_fake.py fakes torch.cuda)
+class CudaClock(Backlog):  # pragma: no cover - needs CUDA (tests/test_clock_cuda_fake.py fakes torch.cuda)
     kind = "measured"
 
     def __init__(self, device, costs: CostModel | None = None, max_in_flight: int | None = None,

@@ -17,8 +17,18 @@ import torch
 from torch import nn
 
 from specterbench.engine import packing
-from specterbench.engine.draft import (MAX_ERROR_SCALE, SUPPORTED_BITS, QuantSpec, _itemsize, _kernel_for, _priced_share,
-                                       _scratch_elems, _shared, error_scaled, price_kernel)
+from specterbench.engine.draft import (
+    MAX_ERROR_SCALE,
+    SUPPORTED_BITS,
+    QuantSpec,
+    error_scaled,
+    itemsize,
+    kernel_name_for,
+    price_kernel,
+    priced_share,
+    scratch_elems,
+    shared,
+)
 from specterbench.engine.geometry import PRICED_DTYPE_BYTES
 from specterbench.errors import UsageError
 
@@ -89,8 +99,8 @@ def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
     if spec is None:
         return 0
     linears = dense_linears(engine.model)
-    kernels = [_kernel_for(tuple(m.weight.shape), spec, engine) for m in linears]
-    real = sum(spec.weight_bytes(tuple(m.weight.shape), k, _itemsize(engine.compute_dtype))
+    kernels = [kernel_name_for(tuple(m.weight.shape), spec, engine) for m in linears]
+    real = sum(spec.weight_bytes(tuple(m.weight.shape), k, itemsize(engine.compute_dtype))
                for m, k in zip(linears, kernels))
     g = engine.geometry
     if g is engine.own_geometry or not real:
@@ -100,7 +110,7 @@ def dense_quantized_bytes(engine, spec: QuantSpec | None) -> int:
     packed = (dense_params(g) * spec.bits_per_weight(kernel=kernel, cols=g.hidden) / 8 / g.all_expert_bytes
               * engine.total_expert_bytes)  # per-row metadata (``sym``) at rows of ``hidden`` inputs
     largest = g.hidden * max(g.heads * g.head_dim, g.dense_intermediate, g.shared_intermediate)  # one linear
-    return int(round(packed)) + (0 if kernel != "dequant" else _priced_share(engine, largest))
+    return int(round(packed)) + (0 if kernel != "dequant" else priced_share(engine, largest))
 
 
 def dense_linears(model) -> list[nn.Linear]:
@@ -123,9 +133,9 @@ def dense_scratch_rows(model) -> int:
 def _dense_scratch_real_bytes(engine, spec: QuantSpec) -> int:
     linears = dense_linears(engine.model)
     cap = dense_scratch_rows(engine.model)
-    elems = max((_scratch_elems(tuple(m.weight.shape), spec, _kernel_for(tuple(m.weight.shape), spec, engine),
+    elems = max((scratch_elems(tuple(m.weight.shape), spec, kernel_name_for(tuple(m.weight.shape), spec, engine),
                                 rows=max(1, cap // m.weight.shape[1])) for m in linears), default=0)
-    return elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+    return elems * itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
 
 
 class QuantizedDense:
@@ -206,4 +216,4 @@ class QuantizedDense:
 
 def shared_dense(engine, spec: QuantSpec | None) -> QuantizedDense | None:
     """One dense copy per (engine, spec) within a cell; None for no copy."""
-    return None if spec is None else _shared(engine, "_quantized_dense", spec, QuantizedDense)
+    return None if spec is None else shared(engine, "_quantized_dense", spec, QuantizedDense)

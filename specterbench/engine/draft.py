@@ -36,6 +36,7 @@ import torch
 
 from specterbench.engine import packing
 from specterbench.engine.geometry import PRICED_DTYPE_BYTES
+from specterbench.engine.kernels import LaunchCounter
 from specterbench.engine.lowbit import BF16, INT4_TORCH, INT8, kernel_for
 from specterbench.engine.routing import group_tokens
 from specterbench.errors import UsageError
@@ -178,7 +179,7 @@ class QuantSpec:
         return 8 * self.tensor_bytes(n, cols=cols, kernel=kernel) / n
 
 
-def _kernel_for(shape, spec: QuantSpec, engine) -> str:
+def kernel_name_for(shape, spec: QuantSpec, engine) -> str:
     """The kernel a weight of ``shape`` quantized with ``spec`` runs on ``engine``'s device (before quantizing)."""
     rows, cols = shape
     group = spec.blocksize if cols % spec.blocksize == 0 else cols
@@ -193,7 +194,7 @@ def _kernel_for(shape, spec: QuantSpec, engine) -> str:
     return "dequant"
 
 
-def _scratch_elems(shape, spec: QuantSpec, kernel: str, rows: int | None = None) -> int:
+def scratch_elems(shape, spec: QuantSpec, kernel: str, rows: int | None = None) -> int:
     """What :meth:`PackedWeight.scratch_elems` will say for this weight (before quantizing)."""
     r, c = shape
     if kernel in packing.LOWBIT_KERNELS:  # a low-bit kernel computes from the packed weight
@@ -201,7 +202,7 @@ def _scratch_elems(shape, spec: QuantSpec, kernel: str, rows: int | None = None)
     return min(r, rows or r) * c
 
 
-def _priced_share(engine, elems: float) -> int:
+def priced_share(engine, elems: float) -> int:
     """``elems`` 16-bit values at the priced geometry, in the engine's byte units (their share of all expert bytes)."""
     g = engine.geometry
     return int(round(elems * g.dtype_bytes / g.all_expert_bytes * engine.total_expert_bytes))
@@ -241,12 +242,12 @@ def expert_scratch_bytes(engine, spec: QuantSpec) -> int:
     unpacking tables — what it allocates at the model's own geometry; at a projection, the real model's share of as
     many expert weights."""
     gate_up, down = engine.store.weights[next(iter(engine.store.weights))]
-    kernels = [_kernel_for(w.shape, spec, engine) for w in (gate_up, down)]
+    kernels = [kernel_name_for(w.shape, spec, engine) for w in (gate_up, down)]
     experts = draft_chunk(engine, spec, kernels, (gate_up.shape, down.shape))
     if engine.geometry is not engine.own_geometry:
-        return _priced_share(engine, experts * _priced_dequantized_elems(engine.geometry, kernels))
-    elems = max(_scratch_elems(w.shape, spec, k) for w, k in zip((gate_up, down), kernels))
-    return experts * elems * _itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+        return priced_share(engine, experts * _priced_dequantized_elems(engine.geometry, kernels))
+    elems = max(scratch_elems(w.shape, spec, k) for w, k in zip((gate_up, down), kernels))
+    return experts * elems * itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
 
 
 def _priced_dequantized_elems(g, kernels) -> int:
@@ -256,7 +257,7 @@ def _priced_dequantized_elems(g, kernels) -> int:
     return max((n for k, n in zip(kernels, sizes) if k == "dequant"), default=0)
 
 
-def _itemsize(dtype: torch.dtype) -> int:
+def itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
@@ -279,8 +280,8 @@ def price_kernel(kernels, spec: QuantSpec):
 def quantized_bytes(engine, spec: QuantSpec) -> int:
     """Device bytes of every routed expert quantized with ``spec`` (packed values and metadata) plus the scratch it
     computes with; equals :attr:`QuantizedExperts.nbytes`."""
-    item = _itemsize(engine.compute_dtype)
-    packed = sum(spec.weight_bytes(w.shape, _kernel_for(w.shape, spec, engine), item)
+    item = itemsize(engine.compute_dtype)
+    packed = sum(spec.weight_bytes(w.shape, kernel_name_for(w.shape, spec, engine), item)
                  for pair in engine.store.weights.values() for w in pair)
     return packed + expert_scratch_bytes(engine, spec)
 
@@ -288,7 +289,7 @@ def quantized_bytes(engine, spec: QuantSpec) -> int:
 _STORES = ("_quantized_experts", "_quantized_dense")
 
 
-def _shared(engine, store: str, spec: QuantSpec, make):
+def shared(engine, store: str, spec: QuantSpec, make):
     """The one copy per (engine, ``store``, spec) in this cell, made by ``make(engine, spec)`` the first time."""
     copies = engine.__dict__.setdefault(store, {})
     if spec not in copies:
@@ -300,7 +301,7 @@ def shared_quantized(engine, spec: QuantSpec) -> "QuantizedExperts":
     """One quantized copy per (engine, spec) within a cell (a strategy and its helpers share it); released with
     every other copy by :func:`release_drafts` when the cell ends. A spec without an error scale takes the model's
     calibration (the copy's ``spec`` says which)."""
-    return _shared(engine, "_quantized_experts", spec.for_model(engine.model), QuantizedExperts)
+    return shared(engine, "_quantized_experts", spec.for_model(engine.model), QuantizedExperts)
 
 
 def model_error_scale(model) -> float:
@@ -509,7 +510,6 @@ class QuantizedExperts:
         builds the lazily made unpacking tables. Launches a chunk's size changes (a low-bit kernel's projection, one
         call per expert; every launch of the per-expert path) are per expert; what :meth:`charge_fused` charges, not a
         typed constant."""
-        from specterbench.engine.kernels import LaunchCounter
 
         engine, silu = self.engine, torch.nn.functional.silu
         h = next(iter(self.packed.values()))[1].shape[0]
@@ -548,18 +548,3 @@ class QuantizedExperts:
     def charge_fused(self, n_tokens) -> None:
         """Charge one layer's routed experts (:meth:`fused_op`) to the clock."""
         self.engine.charge(self.fused_op(n_tokens))
-
-
-# the dense copy lives in :mod:`specterbench.engine.dense_copy`; its names stay importable from here, where the plugin
-# guide named them first (a plugin's ``from specterbench.engine.draft import shared_dense, dense_spec`` keeps working)
-_DENSE_COPY_NAMES = frozenset({"QuantizedDense", "shared_dense", "dense_spec", "dense_quantized_bytes", "dense_params",
-                               "dense_linears", "dense_copy_specs", "model_head_error_scale", "DENSE_BITS",
-                               "DENSE_QUANTIZERS"})
-
-
-def __getattr__(name: str):
-    if name in _DENSE_COPY_NAMES:
-        from specterbench.engine import dense_copy
-
-        return getattr(dense_copy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,28 +13,35 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from specterbench.engine import moe_layer
 from specterbench.engine.cache import DeviceCache
-from specterbench.engine.clocks import Clock, HostWallClock
+from specterbench.engine.clocks import Clock
 from specterbench.engine.costs import CostEstimates, CostModel
+from specterbench.engine.cuda_clock import CudaClock
+from specterbench.engine.draft import release_drafts
 from specterbench.engine.fused import fuse_rms_norms
 from specterbench.engine.geometry import Geometry, geometry_from_config
 from specterbench.engine.graphs import GraphController, GraphState
-from specterbench.engine.precision import BF16
-from specterbench.engine.kernels import (DEFAULT_KERNELS, EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES,
-                                        count_model_launches)
+from specterbench.engine.host_clock import HostWallClock
+from specterbench.engine.kernels import DEFAULT_KERNELS, EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES
+from specterbench.engine.launch_count import count_model_launches
+from specterbench.engine.moe_layer import count_packed_launches
 from specterbench.engine.pool import SlotPool
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.precision import BF16, priced_geometry
+from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
 from specterbench.engine.seam import OffloadedExperts, find_moe_blocks, router_of
 from specterbench.engine.store import ExpertStore
 from specterbench.errors import BudgetError, EngineViolation, UsageError
-from specterbench.plugins.strategy import Request, Strategy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from specterbench.strategy import Request, Strategy
 
 @dataclass(slots=True)
 class EngineStats:
@@ -172,7 +179,7 @@ class Engine(CacheControl):
         self.pool: SlotPool | None = None  # the cache's expert slots on the device (made per cell)
         self.clock: Clock = self._bind(HostWallClock())
         self.costs = CostEstimates(self)  # estimates for strategies, in seconds (see specterbench.engine.costs)
-        self.strategy: Strategy | None = None
+        self.strategy: "Strategy | None" = None
         self.stats = EngineStats()
         self.recorder: RoutingRecorder | None = None
         self.expert_override = None  # callable(layer, act_fn, hidden, idx, weights) for draft passes
@@ -246,8 +253,6 @@ class Engine(CacheControl):
         stored, copied and held in a slot as (packed codes plus group metadata) — cache, budgets and link ledger —
         its per-expert path's launches counted, and the geometry priced at those bits. The dense part was quantized
         in place by :func:`~specterbench.engine.precision.quantize_model`."""
-        from specterbench.engine.moe_layer import count_packed_launches
-        from specterbench.engine.precision import priced_geometry
 
         self.precision = precision
         self.dense_ratio, self.dense_kernel = precision.dense_ratio, precision.dense_kernel
@@ -266,7 +271,7 @@ class Engine(CacheControl):
             self.clock.costs.geometry = self.geometry
 
     # ---- cell setup ----------------------------------------------------------------------------------
-    def configure(self, strategy: Strategy, budget_bytes: int, clock) -> None:
+    def configure(self, strategy: "Strategy", budget_bytes: int, clock) -> None:
         """Give ``strategy`` a fresh cache of ``budget_bytes`` minus what it keeps on the device itself."""
         self.end_cell()  # nothing of the cell before survives: its drafts and scratch are freed
         strategy.fit_budget(self, int(budget_bytes))
@@ -297,7 +302,7 @@ class Engine(CacheControl):
         self._host_threads = None
         self.pageable_copies = False  # a strategy may ask for accelerate's copy path (use_pageable_copies)
         self.swap_copies = False  # ... or for Mixtral-Offloading's (use_swap_copies)
-        self._wants_landed = type(strategy).on_copy_landed is not Strategy.on_copy_landed
+        self._wants_landed = strategy.wants_copy_landed
         strategy.attach(self)
 
     def use_pageable_copies(self) -> None:
@@ -339,8 +344,6 @@ class Engine(CacheControl):
         """The cell is over: every quantized copy (draft experts, dense copy, their scratch) is freed, the cache
         and the strategy let go, a host-expert thread the cell's clock started is joined, so the next cell starts
         from the engine's own bytes alone."""
-        from specterbench.engine.cuda_clock import CudaClock
-        from specterbench.engine.draft import release_drafts
 
         release_drafts(self)
         self.graphs.reset()  # the cell's graphs and their static buffers go with it
@@ -379,7 +382,7 @@ class Engine(CacheControl):
     def _bind(self, clock: Clock) -> Clock:
         """A measured clock made without prices gets the default profile's at this engine's geometry."""
         if clock.costs is None:
-            clock.costs = CostModel(BUILTIN_PROFILES[0], self.geometry, BUILTIN_HOST_PROFILES[0])
+            clock.costs = CostModel(default_profile(), self.geometry, default_host_profile())
         clock.costs.kernels = self.kernels  # the launches this engine issues
         clock.costs.host_kernel_bytes_per_s = None  # host experts at DRAM's rate until a strategy asks otherwise
         return clock
@@ -442,7 +445,7 @@ class Engine(CacheControl):
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")
         return out.logits[0].float()
 
-    def begin_request(self, request: Request) -> None:
+    def begin_request(self, request: "Request") -> None:
         self.clock.settle()
         self.samples = []
         self.clock.sync()
@@ -458,7 +461,7 @@ class Engine(CacheControl):
         self._mark = now
         self._deliver_landed()
 
-    def decode(self, request: Request, sampler=None) -> list[int]:
+    def decode(self, request: "Request", sampler=None) -> list[int]:
         """Autoregressive decoding of ``request``, one token per forward, tokens chosen by ``sampler`` (default: a
         fresh ``request.sampler()``; pass one made with ``record_margins=True`` to keep each token's margin)."""
         sampler = sampler if sampler is not None else request.sampler()

@@ -6,12 +6,12 @@ import os
 import time
 from typing import Sequence
 
-from specterbench.engine.clocks import ClockTotals, HostJob, _Backlog
+from specterbench.engine.clocks import Backlog, ClockTotals, HostJob
 from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler, Transfer
 
 
-class HostWallClock(_Backlog):
+class HostWallClock(Backlog):
     """Measured mode on a machine without CUDA: only host wall time exists. A copy is a host copy run when it is
     issued (so it has landed at once); host experts run in the caller. Prices for estimates come from ``costs``
     (the engine gives it the default profile's when none is set)."""

@@ -23,14 +23,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from specterbench.engine.cache import ExpertKey, Slot
-from specterbench.engine.kernels import section
+from specterbench.engine.cache import FETCH, ON_HOST, SUBSTITUTE, ExpertKey, Slot
+from specterbench.engine.kernels import LaunchCounter, section
 from specterbench.engine.packing import PackedWeight
 from specterbench.engine.pool import SlotPool
-from specterbench.engine.routing import TokenGroups
+from specterbench.engine.routing import TokenGroups, group_tokens
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler
 from specterbench.errors import BudgetError, EngineViolation
-from specterbench.plugins.strategy import FETCH, ON_HOST, SUBSTITUTE
 
 if TYPE_CHECKING:  # pragma: no cover
     from specterbench.engine.engine import Engine
@@ -78,8 +77,6 @@ def count_packed_launches(engine: "Engine") -> tuple[int, int]:
     token rows, :func:`expert_forward` from its packed weights, the combine — counted on the engine's own kernels
     (two of the store's experts on its device, one token routed to one, then to two), as the draft counts its own
     (:meth:`~specterbench.engine.draft.QuantizedExperts._count_launches`)."""
-    from specterbench.engine.kernels import LaunchCounter
-    from specterbench.engine.routing import group_tokens
 
     store, dev, dtype = engine.store, engine.device, engine.compute_dtype
     pairs = [tuple(w.over([p.to(dev) for p in w.parts()]) for w in store.weights[(0, e)]) for e in (0, 1)]

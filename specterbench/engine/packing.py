@@ -41,6 +41,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from specterbench.errors import UsageError
+
 INT4_GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 weight-only kernels take
 INT4_INNER_K_TILES = 2
 LOWBIT_KERNELS = ("int4mm", "int8mm", "bnb-gemv")  # kernels that compute from the packed weight (no scratch)
@@ -242,7 +244,6 @@ class PackedWeight:
         self.scale = scale.reshape(-1)  # [R]
 
     def _quantize_hqq(self, w: torch.Tensor) -> None:
-        from specterbench.errors import UsageError
 
         try:
             from hqq.core.quantize import Quantizer

@@ -35,9 +35,11 @@ from dataclasses import dataclass
 
 import torch
 
-from specterbench.engine.draft import QuantSpec, roundtrip
 from specterbench.engine.dense_copy import dense_linears
+from specterbench.engine.draft import QuantSpec, roundtrip
 from specterbench.engine.geometry import Geometry
+from specterbench.engine.lowbit import kernel_for
+from specterbench.engine.seam import find_moe_blocks, router_of
 from specterbench.errors import UsageError
 
 EXPERT_BITS = (16, 8, 4, 3, 2)
@@ -114,14 +116,12 @@ class Precision:
     @property
     def expert_kernel(self):
         """The low-bit kernel the target's experts run with (:func:`specterbench.engine.lowbit.kernel_for`)."""
-        from specterbench.engine.lowbit import kernel_for
 
         return None if self.expert_spec is None else kernel_for(self.expert_spec)
 
     @property
     def dense_kernel(self):
         """The low-bit kernel the target's dense weights run with; None at 16 bits."""
-        from specterbench.engine.lowbit import kernel_for
 
         return None if self.dense_spec is None else kernel_for(self.dense_spec)
 
@@ -174,7 +174,6 @@ def quantize_model(model, precision: Precision) -> None:
     ``dense_bits`` < 16, every dense ``nn.Linear`` (routers and embeddings stay 16-bit). The routed experts are not
     touched here: the engine built with ``precision`` packs them into its store as it takes each layer over
     (:class:`~specterbench.engine.store.ExpertStore`)."""
-    from specterbench.engine.seam import find_moe_blocks, router_of
 
     dense = precision.dense_spec
     if dense is not None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+import os
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from specterbench.errors import UsageError
-
 
 #: where the default ``graph_node_us`` comes from
 GRAPH_NODE_SOURCE = ("CUDA graphs: NVIDIA Developer Blog, A. Gray, 'Getting Started with CUDA Graphs' (2019): 20 "
@@ -127,63 +129,6 @@ def _from_dict(cls, data: dict, kind: str):
     return cls(**{**data, "sources": tuple(sources)})
 
 
-GB = 1e9
-
-BUILTIN_PROFILES: tuple[HardwareProfile, ...] = (
-    HardwareProfile(
-        name="a100-40g-pcie4",
-        accelerator="NVIDIA A100 40GB PCIe",
-        flops_per_s=312e12 * 0.6,
-        mem_bytes_per_s=1555 * GB * 0.8,
-        link_bytes_per_s=25 * GB,
-        link_latency_us=10.0,
-        launch_us=5.0,
-        device_memory_bytes=40 * 2**30,
-        sources=(
-            "NVIDIA A100 datasheet: 312 TFLOP/s bf16 dense, 1555 GB/s HBM2 (40GB PCIe); 60%/80% reachable",
-            "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest; mixtral-offloading, Eliseev & "
-            "Mazur 2023)",
-            "NVIDIA A100 whitepaper: 108 SMs x 64 INT32 lanes x 1.41 GHz = 9.7e12 instructions/s; 60% reachable",
-            GRAPH_NODE_SOURCE,
-        ),
-        alu_ops_per_s=108 * 64 * 1.41e9 * 0.6,
-    ),
-    HardwareProfile(
-        name="h100-pcie5",
-        accelerator="NVIDIA H100 PCIe 80GB",
-        flops_per_s=756e12 * 0.6,
-        mem_bytes_per_s=2000 * GB * 0.8,
-        link_bytes_per_s=50 * GB,
-        link_latency_us=8.0,
-        launch_us=4.0,
-        device_memory_bytes=80 * 2**30,
-        sources=(
-            "NVIDIA H100 PCIe datasheet: 756 TFLOP/s bf16 dense, 2.0 TB/s HBM2e; 60%/80% reachable",
-            "PCIe 5.0 x16 pinned H2D ~50 GB/s measured (CUDA bandwidthTest on Gen5 hosts)",
-            "NVIDIA H100 whitepaper: 114 SMs (PCIe) x 64 INT32 lanes x 1.755 GHz = 12.8e12 instructions/s; 60%",
-            GRAPH_NODE_SOURCE,
-        ),
-        alu_ops_per_s=114 * 64 * 1.755e9 * 0.6,
-    ),
-    HardwareProfile(
-        name="rtx4090-pcie4",
-        accelerator="NVIDIA GeForce RTX 4090 24GB",
-        flops_per_s=165e12 * 0.6,
-        mem_bytes_per_s=1008 * GB * 0.8,
-        link_bytes_per_s=25 * GB,
-        link_latency_us=10.0,
-        launch_us=5.0,
-        device_memory_bytes=24 * 2**30,
-        sources=(
-            "NVIDIA Ada whitepaper: 165 TFLOP/s bf16 dense (fp32 accumulate), 1008 GB/s GDDR6X; 60%/80% reachable",
-            "PCIe 4.0 x16 pinned H2D ~25 GB/s measured (CUDA bandwidthTest)",
-            "NVIDIA Ada whitepaper: 128 SMs x 64 INT32 lanes x 2.52 GHz = 20.6e12 instructions/s; 60% reachable",
-            GRAPH_NODE_SOURCE,
-        ),
-        alu_ops_per_s=128 * 64 * 2.52e9 * 0.6,
-    ),
-)
-
 DEFAULT_PROFILE = "a100-40g-pcie4"
 
 
@@ -225,48 +170,105 @@ class HostProfile:
         return _from_dict(cls, data, "host profile")
 
 
-BUILTIN_HOST_PROFILES: tuple[HostProfile, ...] = (
-    HostProfile(
-        name="desktop-ddr5",
-        cpu="AMD Ryzen 9 7950X, 16 cores, 2-channel DDR5-6000",
-        mem_bytes_per_s=70 * GB,
-        flops_per_s=2.0e12,
-        threads=16,
-        launch_us=20.0,
-        sources=(
-            "DDR5-6000 x 2 channels = 96 GB/s peak; ~70 GB/s measured with STREAM on Zen 4 desktops",
-            "Zen 4 AVX-512 (2x256-bit FMA) 16 cores x ~5 GHz x 32 fp32 FLOP/cycle ~ 2.5 TFLOP/s; 2.0 sustained",
-        ),
-    ),
-    HostProfile(
-        name="server-12ch-ddr5",
-        cpu="AMD EPYC 9654, 96 cores, 12-channel DDR5-4800",
-        mem_bytes_per_s=350 * GB,
-        flops_per_s=8.0e12,
-        threads=96,
-        launch_us=30.0,
-        sources=(
-            "DDR5-4800 x 12 channels = 460 GB/s peak; ~350 GB/s STREAM triad reported for Genoa",
-            "96 Zen 4 cores x ~2.4 GHz all-core x 32 fp32 FLOP/cycle ~ 7.4-9 TFLOP/s",
-        ),
-    ),
-)
-
 DEFAULT_HOST_PROFILE = "desktop-ddr5"
 
 
-# ---- built-in profiles shipped as files ---------------------------------------------------------------------------
-#: The published setups' profiles (MoE-SpeQ, mixtral-offloading, Fiddler, the CPU-expert component's host), as TOML
-#: files in the format ``specterbench calibrate`` writes: copy one, edit it, and pass it as ``--profile PATH``.
+# ---- profile files -----------------------------------------------------------------------------------------------
+#: Every built-in profile, as a TOML file in the format ``specterbench calibrate`` writes: ``[profile]`` (a
+#: :class:`HardwareProfile`) and/or ``[host_profile]`` (a :class:`HostProfile`), and ``[measured]`` (raw figures of a
+#: calibration, not read back). Copy one, edit it, and pass it as ``--profile PATH``.
 PROFILE_FILES_DIR = Path(__file__).resolve().parent / "profile_files"
+_POSITIVE = {"profile": ("flops_per_s", "mem_bytes_per_s", "link_bytes_per_s", "link_latency_us", "launch_us",
+                         "device_memory_bytes"),
+             "host_profile": ("mem_bytes_per_s", "flops_per_s", "threads", "launch_us")}
+
+
+def _toml_value(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v) if math.isfinite(v) else "nan"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {type(v).__name__} to TOML")
+
+
+def write_profile_file(path, profile: HardwareProfile, host: HostProfile | None = None,
+                       measured: dict | None = None) -> Path:
+    """Write ``profile`` (and the host's profile and the raw measurements) as a profile file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [f"# hardware profile written by `specterbench calibrate`; use it with --profile {path}", ""]
+    tables = [("profile", dataclasses.asdict(profile))]
+    if host is not None:
+        tables.append(("host_profile", dataclasses.asdict(host)))
+    if measured:
+        tables.append(("measured", measured))
+    for table, data in tables:
+        lines.append(f"[{table}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in data.items() if v is not None]  # None: not stated
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def _check_positive(kind: str, data: dict) -> None:
+    for f in _POSITIVE[kind]:
+        if f not in data:
+            continue  # from_dict names missing fields
+        v = data[f]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise UsageError(f"profile file: [{kind}] {f} must be a number, got {v!r}; re-run specterbench calibrate")
+        if not math.isfinite(v):
+            raise UsageError(f"profile file: [{kind}] {f} must be finite, got {v!r}; re-run specterbench calibrate")
+        if not v > 0:
+            raise UsageError(f"profile file: [{kind}] {f} must be > 0, got {v!r}; re-run specterbench calibrate")
+
+
+def load_profile_file(path, *, require_profile: bool = True) -> tuple[HardwareProfile | None, HostProfile | None]:
+    """The profiles of a profile file (TOML, or JSON with the same tables). ``require_profile=False``: a file may
+    hold only a ``[host_profile]``. Every problem is one :class:`UsageError` line naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"--profile {path}: no such file; write one with `specterbench calibrate --out {path}` "
+                         f"or name a built-in profile (specterbench list)")
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise UsageError(f"--profile {path}: malformed ({str(err).splitlines()[0]}); re-run specterbench "
+                         f"calibrate") from None
+    table = data.get("profile")
+    if not isinstance(table, dict) and (require_profile or not isinstance(data.get("host_profile"), dict)):
+        raise UsageError(f"--profile {path}: no [profile] table; re-run specterbench calibrate")
+    if table is not None:
+        _check_positive("profile", table)
+    try:
+        profile = HardwareProfile.from_dict(table) if table is not None else None
+        host = data.get("host_profile")
+        if host is not None:
+            if not isinstance(host, dict):
+                raise UsageError("[host_profile] must be a table")
+            _check_positive("host_profile", host)
+            host = HostProfile.from_dict(host)
+    except UsageError as err:
+        raise UsageError(f"--profile {path}: {err}") from None
+    except TypeError as err:
+        raise UsageError(f"--profile {path}: {err}; re-run specterbench calibrate") from None
+    return profile, host
+
+
+def is_profile_path(text: str) -> bool:
+    """Whether ``--profile`` names a file rather than a registered profile."""
+    return text.endswith((".toml", ".json")) or os.sep in text or Path(text).is_file()
 
 
 @functools.lru_cache(maxsize=1)
 def packaged_profiles() -> tuple[tuple[HardwareProfile, ...], tuple[HostProfile, ...]]:
     """The hardware and host profiles of every file in :data:`PROFILE_FILES_DIR` (validated like any profile file:
     a missing, non-finite or non-positive field is a one-line error naming the file)."""
-    from specterbench.bench.calibrate import load_profile_file
-
     hardware, hosts = [], []
     for path in sorted(PROFILE_FILES_DIR.glob("*.toml")):
         profile, host = load_profile_file(path, require_profile=False)
@@ -277,10 +279,26 @@ def packaged_profiles() -> tuple[tuple[HardwareProfile, ...], tuple[HostProfile,
     return tuple(hardware), tuple(hosts)
 
 
+def packaged_profile(name: str) -> HardwareProfile:
+    """The packaged hardware profile ``name`` (``KeyError`` when there is none)."""
+    return {p.name: p for p in packaged_profiles()[0]}[name]
+
+
+def packaged_host_profile(name: str) -> HostProfile:
+    """The packaged host profile ``name`` (``KeyError`` when there is none)."""
+    return {p.name: p for p in packaged_profiles()[1]}[name]
+
+
+def default_profile() -> HardwareProfile:
+    return packaged_profile(DEFAULT_PROFILE)
+
+
+def default_host_profile() -> HostProfile:
+    return packaged_host_profile(DEFAULT_HOST_PROFILE)
+
+
 def profile_file_of(name: str) -> Path | None:
     """The packaged file that defines the (hardware or host) profile ``name``, for a user to copy; None if none."""
-    import tomllib
-
     for path in sorted(PROFILE_FILES_DIR.glob("*.toml")):
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         if name in (data.get("profile", {}).get("name"), data.get("host_profile", {}).get("name")):

@@ -42,7 +42,7 @@ class CacheControl:
 
     def prefetch(self, key: ExpertKey, priority: float = 0.0) -> PrefetchResult:
         """Queue a copy of ``key`` into free bytes (never evicts: call :meth:`make_room` first). Higher
-        ``priority`` starts earlier (ties in issue order); see :mod:`specterbench.plugins.strategy`."""
+        ``priority`` starts earlier (ties in issue order); see :mod:`specterbench.strategy`."""
         self._check_key("prefetch", key)
         slot = self.cache.get(key)
         if slot is not None:

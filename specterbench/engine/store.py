@@ -32,6 +32,8 @@ import weakref
 import torch
 from torch import nn
 
+from specterbench.engine.packing import PackedWeight
+
 ExpertKey = tuple[int, int]  # (moe_layer, expert)
 
 REGISTER_MIN_BYTES = 64 * 2**20  # smaller tensors may share pages with others (heap), so they are copied
@@ -170,7 +172,6 @@ class ExpertStore:
     def _pack_layer(self, layer: int, gate_ups: list[torch.Tensor], downs: list[torch.Tensor]) -> None:
         """Quantize one layer's experts with :attr:`spec` and keep them as rows of per-layer stacks of their packed
         tensors (pinned for CUDA); ``gate_ups``/``downs``: each expert's weight, any float dtype."""
-        from specterbench.engine.packing import PackedWeight
 
         stacks, templates = [], []
         for weights in (gate_ups, downs):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import platform
 
-from specterbench import hookimpl
-from specterbench.engine.models import embedded_specs, preset_specs, tiny_random_specs
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES, packaged_profiles
+from specterbench.catalog.models import embedded_specs, preset_specs, tiny_random_specs
+from specterbench.engine.profiles import packaged_profiles
+from specterbench.plugins import hookimpl
 
 
 def _git_sha() -> str | None:
@@ -27,13 +27,13 @@ def _git_sha() -> str | None:
 
 @hookimpl
 def specterbench_register_profiles(register):
-    for profile in (*BUILTIN_PROFILES, *packaged_profiles()[0]):
+    for profile in packaged_profiles()[0]:
         register(profile)
 
 
 @hookimpl
 def specterbench_register_host_profiles(register):
-    for profile in (*BUILTIN_HOST_PROFILES, *packaged_profiles()[1]):
+    for profile in packaged_profiles()[1]:
         register(profile)
 
 

@@ -26,6 +26,7 @@ import inspect
 from typing import Callable
 
 from specterbench.errors import PluginError
+from specterbench.strategy import Strategy
 
 CUTOFF = 0.85  # difflib ratio from which a name counts as a near miss ("choose_victm" ~ "choose_victim": 0.96)
 
@@ -42,7 +43,7 @@ def _calibration_counts(params: list[inspect.Parameter]) -> bool:
 CHANGED: tuple[tuple[str, Callable[[list[inspect.Parameter]], bool], str], ...] = (
     ("prepare", _calibration_counts,
      "prepare(engine, calibration_counts) became prepare(engine, calibration): it receives a "
-     "specterbench.plugins.strategy.Calibration (the [layers, experts] counts are calibration.counts) and only when "
+     "specterbench.strategy.RoutingCalibration (the [layers, experts] counts are calibration.counts) and only when "
      "the class sets uses_calibration = True"),
 )
 
@@ -61,7 +62,6 @@ def _plain(sig: inspect.Signature) -> str:
 def decision_points() -> dict[str, inspect.Signature]:
     """Every method of :class:`~specterbench.Strategy` a subclass may override, with its signature (``self``/``cls``
     included): the names the misspelling check compares with."""
-    from specterbench.plugins.strategy import Strategy
 
     out = {}
     for name, value in vars(Strategy).items():
@@ -73,7 +73,6 @@ def decision_points() -> dict[str, inspect.Signature]:
 
 def contract_attributes() -> dict[str, object]:
     """The class attributes of the contract (``name``, ``version``, ``lossless``, ...) with their defaults."""
-    from specterbench.plugins.strategy import Strategy
 
     return {name: value for name, value in vars(Strategy).items()
             if not name.startswith("_") and _function(value) is None and not isinstance(value, property)}
@@ -90,7 +89,6 @@ def check_strategy(cls, plugin: str) -> None:
 def strategy_problems(cls, plugin: str) -> list[str]:
     """Every reason to refuse ``cls``, registered by ``plugin``, one line each (empty when it is fine): the plugin
     host warns about each, so a plugin author fixes them all in one round."""
-    from specterbench.plugins.strategy import Strategy
 
     where = f"plugin {plugin!r}"
     if not (isinstance(cls, type) and issubclass(cls, Strategy)):

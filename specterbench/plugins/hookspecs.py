@@ -36,7 +36,7 @@ def specterbench_register_models(register):
 
     Called once, when the plugin host first needs the model registry.
 
-    :param register: call ``register(spec)`` with a :class:`specterbench.engine.models.ModelSpec` whose ``load()``
+    :param register: call ``register(spec)`` with a :class:`specterbench.catalog.models.ModelSpec` whose ``load()``
         returns ``(model, tokenizer)`` from local files only (nothing may download at run time).
     :return: ignored.
     """
@@ -85,7 +85,7 @@ def specterbench_run_start(run_dir, config):
 def specterbench_row_written(row):
     """A result row was appended (and fsynced) to ``rows.jsonl``; it may be an error row.
 
-    :param row: the :class:`specterbench.bench.results.ResultRow`.
+    :param row: the :class:`specterbench.runfiles.results.ResultRow`.
     :return: ignored.
     """
 
@@ -95,7 +95,7 @@ def specterbench_run_end(run_dir, rows):
     """A benchmark run finished (also after Ctrl-C, with the rows finished so far).
 
     :param run_dir: ``pathlib.Path`` of the run's output folder.
-    :param rows: list of :class:`specterbench.bench.results.ResultRow` written by this invocation.
+    :param rows: list of :class:`specterbench.runfiles.results.ResultRow` written by this invocation.
     :return: ignored.
     """
 
@@ -123,7 +123,7 @@ def specterbench_cell_end(cell, row):
     ``nvml_note``). Called for error rows too.
 
     :param cell: the cell's key (``str``).
-    :param row: the :class:`specterbench.bench.results.ResultRow`, mutable until this hook returns.
+    :param row: the :class:`specterbench.runfiles.results.ResultRow`, mutable until this hook returns.
     :return: ignored.
     """
 

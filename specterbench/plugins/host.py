@@ -20,18 +20,25 @@ and asking to run it says why in one line.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import importlib.metadata
+import math
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pluggy
 
-from specterbench.plugins import hookspecs
+from specterbench.catalog.models import local_spec
+from specterbench.engine.profiles import load_profile_file
 from specterbench.errors import PluginError, UsageError
+from specterbench.plugins import hookimpl, hookspecs
+from specterbench.plugins.checks import strategy_problems
+from specterbench.version import __version__
 
 DISABLE_ENV = "SPECTERBENCH_DISABLE_PLUGIN_AUTOLOAD"
 BLOCK_ENV = "SPECTERBENCH_BLOCK_PLUGINS"
@@ -184,8 +191,6 @@ class PluginHost:
                     self._register(_import(ep.name, ep.value, ep.load), info)
                 except PluginError as err:
                     self._fail(info, getattr(err, "problems", None) or [str(err)])
-        from specterbench import __version__
-
         for name, module in DEFAULT_PLUGINS:
             if name in blocked or name in self._plugins:
                 continue
@@ -230,6 +235,35 @@ class PluginHost:
         info = PluginInfo(name, getattr(obj, "__name__", type(obj).__name__), "(in-process)", "-", "registered")
         self._register(obj, info)
         return info
+
+    def add(self, name: str, *, models=(), profiles=(), host_profiles=()) -> None:
+        """Register models and profiles made in this process (a checkpoint or profile file the command line names,
+        a model cast to another dtype) as one in-process plugin called ``name``; a second call with a name already
+        registered does nothing."""
+        if name not in self.plugins:
+            self.register(_Named(models, profiles, host_profiles), name)
+
+    def register_local_model(self, path) -> str:
+        """Register the checkpoint at ``path`` (``--model-path``) and return its model name (``local:<folder>``)."""
+        spec = local_spec(path)
+        if spec.name not in self.models().names():
+            self.add(f"local-model:{spec.name}", models=[spec])
+        return spec.name
+
+    def register_profile_file(self, path) -> tuple[str, str | None]:
+        """Register a profile file's profiles (``--profile PATH``); returns ``(profile name, host profile name or
+        None)``. A name another plugin took with other figures is refused in one line."""
+        profile, host_profile = load_profile_file(path)
+        names = profile.name, host_profile.name if host_profile else None
+        known = self.profiles().items.get(profile.name)
+        if known is not None:
+            if known.obj != profile:
+                raise UsageError(f"--profile {path}: its name {profile.name!r} is already taken by "
+                                 f"{known.plugin.name!r} with other figures; rename it (calibrate --name, or edit name)")
+            return names
+        self.add(f"profile-file:{Path(path).resolve()}", profiles=[profile],
+                 host_profiles=[host_profile] if host_profile else [])
+        return names
 
     def unregister(self, name: str) -> None:
         self.pm.unregister(name=name)
@@ -313,16 +347,11 @@ def check_strategy(cls, plugin: PluginInfo) -> list[str]:
     """Every reason to refuse a strategy class, one line each (see :mod:`specterbench.plugins.checks`: not a
     Strategy, a misspelled decision point or attribute, a decision point that cannot take the engine's arguments, a
     decision point whose contract changed, no version)."""
-    from specterbench.plugins.checks import strategy_problems
-
     return strategy_problems(cls, plugin.name)
 
 
 def check_figures(profile, plugin: PluginInfo) -> list[str]:
     """A profile's numbers must be finite and not negative (``inf`` FLOP/s would price every kernel at zero)."""
-    import dataclasses
-    import math
-
     if not dataclasses.is_dataclass(profile):
         return []
     return [f"plugin {plugin.name!r}: {_owner(profile)} {getattr(profile, 'name', '?')!r} has {f.name} = "
@@ -342,6 +371,28 @@ def _import(name: str, target: str, load):
         return load()
     except Exception as err:
         raise PluginError(f"plugin {name!r} ({target}) failed to import: {type(err).__name__}: {err}") from err
+
+
+class _Named:
+    """An in-process plugin that registers what the command line names: a local checkpoint, a profile file."""
+
+    def __init__(self, models=(), profiles=(), host_profiles=()):
+        self.models, self.profiles, self.host_profiles = list(models), list(profiles), list(host_profiles)
+
+    @hookimpl
+    def specterbench_register_models(self, register):
+        for spec in self.models:
+            register(spec)
+
+    @hookimpl
+    def specterbench_register_profiles(self, register):
+        for profile in self.profiles:
+            register(profile)
+
+    @hookimpl
+    def specterbench_register_host_profiles(self, register):
+        for profile in self.host_profiles:
+            register(profile)
 
 
 _HOST: PluginHost | None = None

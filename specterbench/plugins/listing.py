@@ -6,10 +6,9 @@ loaded, and why (blocked, autoload disabled, name taken)."""
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 
-from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV, PluginHost, get_host
+from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV, PluginHost
 
 # (label, PluginHost method): the registries whose entries are attributed to plugins; absent methods are skipped
 REGISTRIES = (("strategies", "strategies"), ("models", "models"), ("profiles", "profiles"),
@@ -58,42 +57,3 @@ def describe(host: PluginHost) -> dict:
                 "distribution": r.plugin.distribution, "problems": list(r.problems)} for r in host.refusals()]
     return {"autoload": autoload, "blocked": blocked, "plugins": plugins, "failed": failed, "refused": refused,
             "not_loaded": not_loaded}
-
-
-def cmd_plugins(args) -> int:
-    data = describe(get_host())
-    if args.json:
-        print(json.dumps(data, indent=2))
-        return 0
-    autoload = "on" if data["autoload"] else f"off ({DISABLE_ENV})"
-    print(f"plugins (entry-point autoload {autoload}; blocked: {', '.join(data['blocked']) or 'none'}):")
-    width = max((len(p["name"]) for p in data["plugins"]), default=0)
-    for p in data["plugins"]:
-        print(f"  {p['name']:<{width}}  {p['distribution']} {p['version']}  [{p['source']}: {p['module']}]")
-        print(f"  {'':<{width}}  hooks: {', '.join(p['hooks']) or 'none'}")
-        for label, names in p["registers"].items():
-            print(f"  {'':<{width}}  {label}: {', '.join(names)}")
-    if data["failed"]:
-        print("failed to load (left out):")
-        for p in data["failed"]:
-            print(f"  {p['name']}  {p['distribution']} {p['version']}  [{p['module']}]: {p['error']}")
-    if data["refused"]:
-        print("refused at registration (left out; the rest of each plugin loaded):")
-        for r in data["refused"]:
-            print(f"  {r['kind']} {r['name']}  [{r['plugin']}: {r['class']}]")
-            for problem in r["problems"]:
-                print(f"      {problem}")
-    if data["not_loaded"]:
-        print("installed, not loaded:")
-        for p in data["not_loaded"]:
-            print(f"  {p['name']}  {p['distribution']} {p['version']}  [{p['module']}]: {p['reason']}")
-    return 0
-
-
-def add_parser(subparsers):
-    """Add ``plugins`` to the CLI's subcommands (``subparsers`` from ``ArgumentParser.add_subparsers``)."""
-    s = subparsers.add_parser("plugins", help="installed plugins: distribution, version, source and the hooks each "
-                                              "implements")
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(func=cmd_plugins)
-    return s

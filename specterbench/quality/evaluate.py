@@ -15,6 +15,12 @@ from __future__ import annotations
 
 import os
 
+from specterbench.bench.runner import CellProgress
+from specterbench.engine.draft import QuantSpec
+from specterbench.plugins.host import get_host
+from specterbench.quality.lmeval import SpecterbenchLM, load_engine
+from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
+
 # Nothing downloads at run time (DESIGN rule 7); an explicit user setting wins. Set before lm-eval and
 # ``datasets`` are imported, since ``datasets`` reads these variables once at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -24,9 +30,19 @@ import time  # noqa: E402
 from typing import Callable  # noqa: E402
 
 from specterbench.errors import UsageError  # noqa: E402
-from specterbench.quality.eval_rows import (DRAFT, EVAL_SCHEMA_VERSION, RATIO_METRICS, REFERENCE,  # noqa: E402
-                                            EvalRow, check_row, compare_samples, error_rows, headline, ratio_stderr,
-                                            rows_from_results)
+from specterbench.quality.eval_rows import (  # noqa: E402
+    DRAFT,
+    EVAL_SCHEMA_VERSION,
+    RATIO_METRICS,
+    REFERENCE,
+    EvalRow,
+    check_row,
+    compare_samples,
+    error_rows,
+    headline,
+    ratio_stderr,
+    rows_from_results,
+)
 
 DEFAULT_BUDGET = "50%"
 DEFAULT_BOOTSTRAP_ITERS = 1000  # stderr of perplexity-type metrics is bootstrapped; lm-eval's 100000 is slow
@@ -34,7 +50,6 @@ DEFAULT_BOOTSTRAP_ITERS = 1000  # stderr of perplexity-type metrics is bootstrap
 
 # ---- tasks ---------------------------------------------------------------------------------------
 def shipped_hint() -> str:
-    from specterbench.quality.tasks import SHIPPED_TASKS, SUITE
 
     return (f"shipped tasks: {', '.join(SHIPPED_TASKS)} (group {SUITE}); standard lm-eval tasks (hellaswag, "
             f"arc_easy, ...) run by name when their dataset is in the local datasets cache, see docs/eval.md")
@@ -48,8 +63,6 @@ def resolve_tasks(tasks, include_path: str | None = None, include_defaults: bool
     shipped tasks; data that cannot be loaded offline raises one naming the task and the fix.
     """
     from lm_eval.tasks import TaskManager
-
-    from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
 
     tasks = list(tasks)
     if not tasks:
@@ -78,7 +91,6 @@ def default_strategies(host=None) -> list[str]:
     Left out: fixed-budget ones (``resident`` is the reference by construction) and bounds that replay the
     reference's routing (``oracle``); name them with ``--strategies`` to include them anyway.
     """
-    from specterbench.plugins.host import get_host
 
     host = host or get_host()
     out = []
@@ -104,9 +116,6 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
     """
     import lm_eval
 
-    from specterbench.quality.lmeval import SpecterbenchLM, load_engine
-    from specterbench.plugins.host import get_host
-
     host = get_host()
     progress = progress or (lambda msg: None)
     strategy_options = strategy_options or {}
@@ -117,7 +126,6 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
         host.models().entry(name)
     env = env if env is not None else host.environment()
     rows: list[EvalRow] = []
-    from specterbench.bench.runner import CellProgress
 
     per_model = 1 + len(strategies) + (len(drafts or (None,)) if draft else 0)
     cells = CellProgress(len(models) * per_model, progress)
@@ -169,7 +177,6 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
 
 def draft_variants(drafts: tuple[dict, ...] | None, default: dict) -> list[tuple[str, str, dict]]:
     """``(row variant, lm variant, options)`` of each draft-alone row."""
-    from specterbench.engine.draft import QuantSpec
 
     if not drafts:
         return [(DRAFT, DRAFT, default)]
@@ -185,17 +192,7 @@ def draft_variants(drafts: tuple[dict, ...] | None, default: dict) -> list[tuple
 # the table and the command line live in their own modules; every name of the one-module layout stays importable
 from specterbench.quality.eval_report import quality_table, render_markdown, write_report  # noqa: E402
 
-_CLI_NAMES = ("add_parser", "cmd_eval", "default_models")
-
-
-def __getattr__(name):  # the command line imports this module, so it is imported on first use
-    if name in _CLI_NAMES:
-        from specterbench.quality import eval_cli
-
-        return getattr(eval_cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 __all__ = ["DEFAULT_BOOTSTRAP_ITERS", "DEFAULT_BUDGET", "DRAFT", "EVAL_SCHEMA_VERSION", "REFERENCE", "EvalRow",
-           "add_parser", "check_row", "cmd_eval", "compare_samples", "default_models", "default_strategies",
+           "check_row", "compare_samples", "default_strategies",
            "error_rows", "headline", "quality_table", "ratio_stderr", "render_markdown", "resolve_tasks",
            "rows_from_results", "run_eval", "shipped_hint", "write_report"]

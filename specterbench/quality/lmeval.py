@@ -24,7 +24,7 @@ what gets scored. Requests are scored one at a time (batch size 1).
 
 Why a wrapper command: lm-eval 0.4.x finds model types only in its own ``lm_eval.models`` table — it has
 no entry-point group for third-party models, and ``--include_path`` YAML ``!function`` modules are
-imported only after the model is built. ``specterbench-lm-eval`` (also ``python -m specterbench.quality.lmeval``)
+imported only after the model is built. ``specterbench-lm-eval``
 registers this model type and then runs lm-eval's own command line with the same arguments; it adds
 ``--include_path <shipped tasks>`` when none is given. See docs/eval.md.
 """
@@ -33,23 +33,32 @@ from __future__ import annotations
 
 import os
 
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.calibrate import check_device
+from specterbench.bench.progress import is_quiet
+from specterbench.bench.runner import BenchConfig, ReferenceStrategy, Runner, make_clock
+from specterbench.engine.dense_copy import dense_spec, shared_dense
+from specterbench.engine.draft import QuantSpec, draft_label, shared_quantized
+from specterbench.engine.host_clock import HostWallClock
+from specterbench.engine.sampling import GREEDY, DecodeSetting
+from specterbench.plugins.host import get_host
+
 # Nothing downloads at run time (DESIGN rule 7); an explicit user setting wins. Set before lm-eval and
 # ``datasets`` are imported, since ``datasets`` reads these variables once at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import logging  # noqa: E402
-import sys  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from lm_eval import utils as lm_utils  # noqa: E402
 from lm_eval.api.model import TemplateLM  # noqa: E402
-from lm_eval.api.registry import register_model  # noqa: E402
+from lm_eval.api.registry import model_registry, register_model  # noqa: E402
 
 from specterbench.engine.engine import Engine  # noqa: E402
-from specterbench.errors import BudgetError, SpecterbenchError, UsageError  # noqa: E402
-from specterbench.plugins.strategy import Calibration, Request  # noqa: E402
+from specterbench.errors import BudgetError, UsageError  # noqa: E402
+from specterbench.strategy import Request, RoutingCalibration  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +74,6 @@ _LM_EVAL_INJECTED = ("trust_remote_code",)  # model_args lm-eval adds on its own
 def load_engine(model: str, device: str = "cpu", host=None) -> Engine:
     """Load a registered model into an :class:`Engine` (experts moved to the host store); a device this machine
     lacks is one line before anything loads."""
-    from specterbench.bench.calibrate import check_device
-    from specterbench.plugins.host import get_host
 
     check_device(device)
     host = host or get_host()
@@ -77,7 +84,7 @@ def load_engine(model: str, device: str = "cpu", host=None) -> Engine:
     return Engine(net, name=model, device=device, tokenizer=tokenizer)
 
 
-def calibrate(engine: Engine, host=None) -> Calibration:
+def calibrate(engine: Engine, host=None) -> RoutingCalibration:
     """The calibration ``specterbench run`` gives profiling strategies (same workload, same resident passes).
 
     Borrowed from :meth:`specterbench.bench.runner.Runner.calibrate` through a throw-away runner, so both stay one
@@ -85,9 +92,6 @@ def calibrate(engine: Engine, host=None) -> Calibration:
     """
     import tempfile
     from pathlib import Path
-
-    from specterbench.plugins.host import get_host
-    from specterbench.bench.runner import BenchConfig, Runner
 
     config = BenchConfig(models=(engine.name,), strategies=(), budgets=(), profile=DEFAULT_PROFILE)
     with tempfile.TemporaryDirectory(prefix="specterbench-calibrate-") as tmp:
@@ -100,9 +104,8 @@ class SpecterbenchLM(TemplateLM):
     def __init__(self, model: str = DEFAULT_MODEL, strategy: str = REFERENCE, budget=DEFAULT_BUDGET,
                  profile: str = DEFAULT_PROFILE, clock: str = "modeled", max_length=None, max_gen_toks=256,
                  device=None, batch_size=None, max_batch_size=None, engine: Engine | None = None,
-                 calibration: Calibration | None = None, progress=True, threads=1, decode=None, **options):
+                 calibration: RoutingCalibration | None = None, progress=True, threads=1, decode=None, **options):
         super().__init__()
-        from specterbench.plugins.host import get_host
 
         for key in _LM_EVAL_INJECTED:
             options.pop(key, None)
@@ -124,7 +127,6 @@ class SpecterbenchLM(TemplateLM):
         self._max_gen_toks = int(max_gen_toks)
         self._calibration = calibration
         self._requests = 0
-        from specterbench.engine.sampling import GREEDY, DecodeSetting
 
         # generate_until: greedy unless asked (lm-eval's exact-match tasks score greedy continuations); a
         # DecodeSetting, its dict, or "greedy"/"sample"
@@ -132,15 +134,12 @@ class SpecterbenchLM(TemplateLM):
             decode = DecodeSetting(mode=decode)
         self.decode = decode if isinstance(decode, DecodeSetting) else DecodeSetting.from_dict(decode) \
             if decode else GREEDY
-        from specterbench.bench.progress import is_quiet
 
         self.progress = str(progress).lower() not in ("false", "0", "no") and not is_quiet()
         self._setup(options)
 
     # ---- setup -------------------------------------------------------------------------------------
     def _setup(self, options: dict) -> None:
-        from specterbench.bench.runner import ReferenceStrategy, make_clock, BenchConfig, parse_budget
-        from specterbench.engine.clocks import HostWallClock
 
         engine = self.engine
         total = engine.total_expert_bytes
@@ -158,8 +157,6 @@ class SpecterbenchLM(TemplateLM):
             if self.variant == REFERENCE:
                 self.strategy.prepare(engine)
             else:
-                from specterbench.engine.draft import QuantSpec, draft_label, shared_quantized
-                from specterbench.engine.dense_copy import dense_spec, shared_dense
 
                 spec = QuantSpec.from_options(options)  # one parser, one-line errors (bits, group, quantizer)
                 dense = dense_spec(options.get("dense_bits", 16))  # the draft's own attention/shared/head copy
@@ -197,7 +194,7 @@ class SpecterbenchLM(TemplateLM):
         self.strategy = strategy
 
     @property
-    def calibration(self) -> Calibration | None:
+    def calibration(self) -> RoutingCalibration | None:
         """The calibration this model profiled with (reuse it for the next strategy on the same engine)."""
         return self._calibration
 
@@ -382,80 +379,15 @@ class SpecterbenchLM(TemplateLM):
         return out
 
 
-# ---- the command line ----------------------------------------------------------------------------
-def _has_include_path(argv: list[str]) -> bool:
-    return any(a == "--include_path" or a.startswith("--include_path=") for a in argv)
 
-
-def _value(argv: list[str], flag: str) -> str | None:
-    """The value of ``flag`` in ``argv`` (``--flag v`` or ``--flag=v``); None when absent."""
-    for i, token in enumerate(argv):
-        if token == flag:
-            return argv[i + 1] if i + 1 < len(argv) else ""
-        if token.startswith(flag + "="):
-            return token.split("=", 1)[1]
-    return None
-
-
-def check_wrapper_args(argv: list[str]) -> None:
-    """What lm-eval would accept silently or fail on with a traceback, refused in one line first: the
-    ``specterbench`` model type without ``model=`` in ``--model_args`` (it would evaluate a random seam-test
-    model), and a ``--device`` this machine does not have."""
-    if {"-h", "--help"} & set(argv):
-        return
-    if _value(argv, "--model") == MODEL_TYPE:
-        model_args = _value(argv, "--model_args") or ""
-        keys = {part.split("=", 1)[0].strip() for part in model_args.split(",") if "=" in part}
-        if "model" not in keys:
-            raise UsageError(f"--model {MODEL_TYPE} needs --model_args model=NAME (e.g. --model_args "
-                             f"model=tiny-mixtral,strategy=specter,budget=50%); `specterbench list` names the models")
-    device = _value(argv, "--device")
-    if device:
-        from specterbench.bench.checks import check_device
-
-        check_device(device)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``specterbench-lm-eval``: lm-eval's own command line with the ``specterbench`` model type registered."""
-    from lm_eval.__main__ import cli_evaluate
-
-    from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
-
-    from specterbench.bench.progress import quiet_library_bars
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        check_wrapper_args(args)
-    except SpecterbenchError as err:
-        print(f"specterbench-lm-eval: error: {err}", file=sys.stderr)
-        return 2
-    quiet_library_bars()
-    if args and not _has_include_path(args) and not {"-h", "--help"} & set(args):
-        args += ["--include_path", str(TASKS_DIR)]
-    saved = sys.argv
-    sys.argv = ["lm-eval", *args]
-    try:
-        cli_evaluate()
-    except ValueError as err:
-        if "not found" not in str(err).lower():
-            raise
-        print(f"specterbench-lm-eval: error: {' '.join(str(err).split())} (lm-eval); shipped tasks: "
-              f"{', '.join(SHIPPED_TASKS)}, group {SUITE} (in {TASKS_DIR}); standard tasks work by name when their "
-              f"dataset is in the local datasets cache, see docs/eval.md", file=sys.stderr)
-        return 2
-    except SpecterbenchError as err:
-        print(f"specterbench-lm-eval: error: {err}", file=sys.stderr)
-        return 2
-    finally:
-        sys.argv = saved
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - ``python -m specterbench.quality.lmeval``
-    # register the importable class (specterbench.quality.lmeval.SpecterbenchLM), never a copy living in __main__
-    from specterbench.quality.lmeval import main as _main
-
-    sys.exit(_main())
-else:
+def _register() -> None:
+    """Register the model type once per process (a second import of this module, as a test's fresh import, finds
+    it registered by the same class path and leaves it)."""
+    if MODEL_TYPE in model_registry.keys():
+        current = model_registry.get(MODEL_TYPE)
+        if (current.__module__, current.__qualname__) == (SpecterbenchLM.__module__, SpecterbenchLM.__qualname__):
+            return
     register_model(MODEL_TYPE)(SpecterbenchLM)
+
+
+_register()

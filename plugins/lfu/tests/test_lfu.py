@@ -3,8 +3,9 @@
 
 import pytest
 
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
 from specterbench.errors import UsageError
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
 from specterbench_lfu import AgingLFU
 
 

@@ -24,8 +24,8 @@ from collections import Counter
 import torch
 
 from specterbench import Strategy
-from specterbench.engine.draft import QuantSpec, draft_label, quantized_bytes, shared_quantized
 from specterbench.engine.dense_copy import dense_quantized_bytes, dense_spec, shared_dense
+from specterbench.engine.draft import QuantSpec, draft_label, quantized_bytes, shared_quantized
 from specterbench.engine.precision import check_draft_below
 from specterbench.errors import BudgetError, UsageError
 
@@ -225,7 +225,7 @@ class SpeculativeDecoding(Strategy):
 
     def profile_k(self, engine, calibration, candidates):
         """The artifact's depth profiler: decode calibration prompts at each K, keep the fastest."""
-        from specterbench.plugins.strategy import Request
+        from specterbench.strategy import Request
 
         for k in candidates:
             self.k = k

@@ -27,10 +27,10 @@ import statistics
 
 import torch
 
-from specterbench.engine.clocks import DEMAND_PRIORITY
 from specterbench.engine.draft import QuantSpec
+from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import UsageError
-from specterbench.plugins.strategy import FETCH, ON_HOST
+from specterbench.strategy import FETCH, ON_HOST
 
 from .decoding import MAX_K, SpeculativeDecoding
 from .governor import K_CHOICES, Governor, Shape, WindowCosts
@@ -120,7 +120,7 @@ class Specter(SpeculativeDecoding):
         self.calibration = calibration
         self.load_residents(engine, calibration)
         if self.k_option == "auto" and calibration is not None and calibration.prompts:
-            from specterbench.plugins.strategy import Request
+            from specterbench.strategy import Request
 
             self.explore = list(EXPLORE_K)
             self.seeding, self.seed_windows = True, []

@@ -1,6 +1,6 @@
 import pytest
 
-from specterbench_specter.governor import K_CHOICES, Governor, Shape, WindowForecast
+from specterbench_specter.governor import K_CHOICES, Governor, Shape
 
 
 class FlatCosts:

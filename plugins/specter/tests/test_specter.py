@@ -3,17 +3,18 @@ import torch
 
 from specterbench import Request, Strategy
 from specterbench.baselines.cpu_experts import CpuExperts
-from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.catalog.tiny import TINY_FAMILIES, tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import quantized_bytes
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
-from specterbench.engine.models import TINY_FAMILIES, tiny_random
-from specterbench.engine.profiles import BUILTIN_HOST_PROFILES, BUILTIN_PROFILES
+from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.sampling import GREEDY, DecodeSetting
-from specterbench.plugins.strategy import Calibration
 from specterbench.errors import BudgetError, UsageError
-from specterbench_specter import SpecDecode, Specter, SpecterArtifact, SpecMoEOff, accepted_prefix
+from specterbench.strategy import RoutingCalibration
+from specterbench_specter import SpecDecode, SpecMoEOff, Specter, SpecterArtifact, accepted_prefix
 
 PROMPT = "Shall I compare thee to a summer's day? Thou art more lovely"
 SAMPLED = DecodeSetting.sample(temperature=1.0)
@@ -31,7 +32,7 @@ def configure(engine, strategy, fraction, host=True):
 
 def configure_bytes(engine, strategy, budget_bytes, host=True):
     engine.configure(strategy, budget_bytes,
-                     ModeledClock(BUILTIN_PROFILES[0], engine.geometry, BUILTIN_HOST_PROFILES[0] if host else None))
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile() if host else None))
 
 
 @pytest.mark.parametrize("proposals, target, accepted", [
@@ -87,7 +88,7 @@ def test_k0_is_plain_decoding_over_the_same_cache():
     engine = engine_for()
     request = Request("p", tuple(engine.tokenizer.encode(PROMPT)), 12, decode=SAMPLED)
     counts = torch.arange(engine.num_layers * engine.num_experts).reshape(engine.num_layers, -1) % 5
-    calibration = Calibration(counts, ())
+    calibration = RoutingCalibration(counts, ())
     runs, cache_bytes = [], None
     for strategy in (Specter(k=0), CpuExperts()):
         engine = engine_for()
@@ -295,8 +296,8 @@ def test_check_budget_names_the_smallest_budget_that_works():
 
 
 def test_the_dense_copy_is_charged_with_the_draft_and_given_back_with_it():
-    from specterbench.engine.draft import quantized_bytes
     from specterbench.engine.dense_copy import dense_quantized_bytes, dense_spec
+    from specterbench.engine.draft import quantized_bytes
 
     engine = engine_for()
     engine.geometry = project(engine.own_geometry, "mixtral")
@@ -316,14 +317,15 @@ def test_the_draft_goes_back_to_the_cache_when_plain_decoding_is_predicted_cheap
     counts = torch.ones(engine.num_layers, engine.num_experts)
     for _ in range(200):  # a draft the target never agrees with
         strategy.governor.observe_acceptance(4, 0)
-    strategy.maybe_release_draft(engine, Calibration(counts, ()))
+    strategy.maybe_release_draft(engine, RoutingCalibration(counts, ()))
     assert strategy.draft_released and strategy.k == 0
     assert engine.cache.capacity_bytes == budget
     assert strategy.metrics()["draft_released"] is True
 
 
 def test_draft_noise_degrades_the_draft_and_stays_lossless(host, small_prompts, tmp_path):
-    from specterbench.bench.runner import BenchConfig, Runner, parse_budget
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.runner import BenchConfig, Runner
 
     def run(noise, out):
         cfg = BenchConfig(models=("tiny-random-mixtral",), strategies=("specter",), budgets=(parse_budget("60%"),),
@@ -374,8 +376,8 @@ def test_a_stretch_of_short_windows_does_not_drop_a_draft_that_pays():
 
 def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
     """Each eviction looks at a few entries (its transients' heap, the least popular residents), not the cache."""
+    from specterbench.catalog.tiny import routing_geometry_random
     from specterbench.engine.cache import Candidates
-    from specterbench.engine.models import routing_geometry_random
 
     engine = Engine(routing_geometry_random("qwen1.5-moe", hidden=32), name="qwen-geometry")  # 60 × 24 experts
     strategy = Specter(k=4, bits=3)  # the small draft: the cache keeps hundreds of experts
@@ -385,7 +387,7 @@ def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
     engine.begin_request(Request("c", prompt, 4))
     engine.decode(Request("c", prompt, 4))
     engine.stop_recording()
-    strategy.prepare(engine, Calibration(counts.counts, (), (counts.counts,)))
+    strategy.prepare(engine, RoutingCalibration(counts.counts, (), (counts.counts,)))
     walked, calls = [0], [0]
     iterate, choose = Candidates.__iter__, Specter.choose_victim
 

@@ -8,7 +8,7 @@
   from the benchmark set by construction (different works).
 
 A changed prompt set gets a new version suffix (see README.md in this directory); files are generated
-by ``python -m specterbench.embedded.make_workloads``.
+by ``specterbench make-workloads``.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def load_workload(name: str) -> list[dict]:
     path = workload_path(name)
     if not path.is_file():
         raise UsageError(f"workload file {path} is missing: reinstall specterbench "
-                         "or run `python -m specterbench.embedded.make_workloads`")
+                         "or run `specterbench make-workloads`")
     rows = []
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):

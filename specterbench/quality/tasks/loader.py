@@ -25,6 +25,6 @@ def load(data_files=None, **_metadata):
         path = HERE / name
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: reinstall specterbench or run "
-                                    f"`python -m specterbench.quality.tasks.make_tasks`")
+                                    f"`specterbench make-tasks`")
         files[split] = str(path)
     return datasets.load_dataset("json", data_files=files)

@@ -1,8 +1,8 @@
 """Generate the shipped lm-eval tasks from the embedded models' held-out works (deterministic).
 
-    python -m specterbench.quality.tasks.make_tasks [--out specterbench/quality/tasks] [--check]
+    specterbench make-tasks [--out specterbench/quality/tasks] [--check]
 
-Every item comes from :data:`specterbench.embedded.data.HELDOUT_WORKS` — whole plays the embedded models
+Every item comes from :data:`specterbench.catalog.corpus.HELDOUT_WORKS` — whole plays the embedded models
 never saw in training (neither did their tokenizer). Three tasks, one JSONL file each:
 
 * ``shakespeare_scramble`` (multiple choice, 200 items, 40 per work): the speaker and up to three
@@ -24,12 +24,12 @@ regenerates in memory and fails if the packaged files differ.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
-import sys
 from pathlib import Path
+
+from specterbench.catalog import corpus as data
 
 OUT_DIR = Path(__file__).resolve().parent
 SCRAMBLE_PER_WORK, PPL_PER_WORK, COMPLETE_PER_WORK = 40, 10, 20
@@ -213,7 +213,6 @@ def complete_items(work, table) -> list[dict]:
 
 # ---- build / check -------------------------------------------------------------------------------
 def build() -> dict[str, list[dict]]:
-    from specterbench.embedded import data
 
     works = data.heldout_works()
     table = phrase_table(data.train_works())
@@ -224,29 +223,5 @@ def build() -> dict[str, list[dict]]:
     }
 
 
-def _dump(rows: list[dict]) -> str:
+def dump(rows: list[dict]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specterbench.quality.tasks.make_tasks", description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=OUT_DIR)
-    p.add_argument("--check", action="store_true", help="fail if the files in --out differ from a fresh build")
-    args = p.parse_args(argv)
-    status = 0
-    for name, rows in build().items():
-        path = args.out / f"{name}.jsonl"
-        text = _dump(rows)
-        if args.check:
-            same = path.is_file() and path.read_text(encoding="utf-8") == text
-            print(f"{path}: {'up to date' if same else 'DIFFERS (a changed task needs a new metadata.version)'}")
-            status |= 0 if same else 1
-        else:
-            args.out.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {path} ({len(rows)} items)")
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
