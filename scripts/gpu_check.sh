@@ -91,8 +91,8 @@ export -f setup validate_both
 
 step environment env.txt 90 setup
 if [ -d "$SITE/tf" ]; then export PYTHONPATH="$SITE/tf:$PYTHONPATH"; fi  # the carried transformers, if set up
-step cuda-tests tests.txt 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/test_cuda.py tests/test_nvml.py \
-  tests/test_kv_cache.py tests/test_clock_cuda_fake.py tests/test_gpu_numerics.py
+step cuda-tests tests.txt 180 "$PY" -m pytest -q -rs -p no:cacheprovider tests/engine/test_cuda.py tests/bench/test_nvml.py \
+  tests/engine/test_kv_cache.py tests/engine/test_clock_cuda_fake.py tests/engine/test_gpu_numerics.py
 step probe probe.md 60 "$PY" scripts/gpu_probe.py
 step calibrate calibrate.txt 45 "$PY" -m specterbench calibrate --device cuda --shape 4096,14336 \
   --out "$OUT/profile.toml"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The lowest transformers pyproject.toml allows, installed beside the venv (no dependencies of its own), for
-# tests/test_kv_cache.py's decode under it and for scripts/gpu_check.sh on an image that lacks it:
+# tests/engine/test_kv_cache.py's decode under it and for scripts/gpu_check.sh on an image that lacks it:
 #   scripts/min_transformers.sh [TARGET]   (default .tf-min; wheels from .wheels/ when present, else the registry)
 # It also puts the wheels in .wheels/ so that a GPU machine without a network can install them (both are git-ignored).
 set -euo pipefail

@@ -229,3 +229,13 @@ def test_every_module_imports_first_in_a_fresh_interpreter(graph):
               "    importlib.import_module(name)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr.strip().splitlines()[-3:]
+
+
+def test_the_suite_mirrors_the_layers():
+    """Each test folder is named after a part of the package (``contract`` for ``strategy.py``); only meta-tests of
+    the whole package sit at the top."""
+    parts = {group.rpartition(".")[2] for layer in LAYERS for group in layer} | {"contract"}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders <= parts, f"test folders with no layer: {sorted(folders - parts)}"
+    loose = {p.name for p in (ROOT / "tests").glob("test_*.py")}
+    assert loose <= {"test_layers.py", "test_layout.py"}, f"move into a layer's folder: {sorted(loose)}"

@@ -51,7 +51,7 @@ class HostPool:
         self.executor.shutdown(wait=True)
 
 
-class CudaClock(Backlog):  # pragma: no cover - needs CUDA (tests/test_clock_cuda_fake.py fakes torch.cuda)
+class CudaClock(Backlog):  # pragma: no cover - needs CUDA (tests/engine/test_clock_cuda_fake.py fakes torch.cuda)
     kind = "measured"
 
     def __init__(self, device, costs: CostModel | None = None, max_in_flight: int | None = None,

@@ -23,7 +23,7 @@ def slot_copy(dst, src, reuse_after=None):
     then marked as used by the copy stream, so that freeing them never hands their memory out while it is written."""
 
     def copy():
-        if reuse_after is not None:  # pragma: no cover - needs CUDA (tests/test_clock_cuda_fake.py fakes it)
+        if reuse_after is not None:  # pragma: no cover - needs CUDA (tests/engine/test_clock_cuda_fake.py fakes it)
             stream = torch.cuda.current_stream(dst[0].device)
             stream.wait_event(reuse_after)
         for d, w in zip(dst, src):  # the expert's tensors: two weights, or each packed weight's codes and metadata

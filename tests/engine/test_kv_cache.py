@@ -15,7 +15,7 @@ from specterbench.engine.engine import Engine, cache_kwarg
 from specterbench.errors import EngineViolation, UsageError
 from specterbench.strategy import Strategy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MIN_DIR_ENV = "SPECTERBENCH_MIN_TRANSFORMERS"  # a --target folder holding the lowest allowed transformers
 
 

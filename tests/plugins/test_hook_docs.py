@@ -16,7 +16,7 @@ from specterbench.engine.engine import Engine
 from specterbench.plugins import hookspecs
 from specterbench.testing import conformance
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "plugins.md"
 HOOKS = {name: fn for name, fn in vars(hookspecs).items() if name.startswith("specterbench_") and inspect.isfunction(fn)}
 DECISION_POINTS = sorted(name for name, value in vars(Strategy).items()

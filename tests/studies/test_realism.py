@@ -115,6 +115,7 @@ def test_every_stand_in_names_a_published_model():
     for name, stand_in in embedded.STAND_INS.items():
         row = models[stand_in.published]
         for key in realism.TOLERANCES:
+            key = realism.PUBLISHED_AS.get(key, key)
             assert isinstance(row[key], float), f"{stand_in.published} lacks {key}"
 
 
@@ -169,3 +170,11 @@ def test_bad_decode_option_is_one_line_and_exit_2_before_any_model_loads(capsys,
     assert main(["realism", "--model", embedded.EMBEDDED_MODELS[0], "--temperature", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "temperature" in err and "(0, 5]" in err
+
+
+def test_the_execution_order_reading_counts_every_first_access_a_miss_and_decides_each_access_in_turn():
+    trace = np.array([[[0, 1]], [[2, 3]], [[0, 1]]])  # (T=3, L=1, k=2): a cache of 2 entries at ρ=1
+    assert lrc.execution_order_hit_rate([trace], 4, 1) == 0.0  # 0 1 2 3 0 1 through 2 LRU slots: all misses
+    assert lrc.model_hit_rate([trace], 4, 1, "lru") == pytest.approx(2 / 6)  # the paper's cold entries are free
+    again = np.array([[[0, 1]], [[0, 1]]])
+    assert lrc.execution_order_hit_rate([again], 4, 1) == 0.5

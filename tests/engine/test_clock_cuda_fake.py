@@ -1,6 +1,6 @@
 """The CUDA clock's scheduling logic on a CPU, against a fake ``torch.cuda`` whose copy stream completes events only
 when the test says so: priorities, demand first, cancel of copies not started, bounded copies in flight, copies
-enqueued only when they start, bandwidth measured from event timings. (The real thing: tests/test_cuda.py.)"""
+enqueued only when they start, bandwidth measured from event timings. (The real thing: tests/engine/test_cuda.py.)"""
 
 import pytest
 import torch

@@ -24,7 +24,7 @@ from specterbench.testing.pytest_plugin import install_dist
 
 MODEL = "tiny-random-mixtral"
 FAST = ["--model", MODEL, "--strategies", "lru", "--budgets", "50%", "--prompts", "1", "--tokens", "2", "--quiet"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.plugins.checks import check_strategy
 from specterbench.testing import conformance
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {"example-arc": "arc", "router-prefetch": "router_prefetch", "draft-verify": "draft_verify"}  # strategy -> dir
 
 

@@ -24,7 +24,7 @@ from specterbench.engine.profiles import default_profile
 from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
 from specterbench.runfiles.results import read_rows
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 THIRD_PARTY = """
     from specterbench import Strategy, hookimpl
 

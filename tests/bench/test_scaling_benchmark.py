@@ -14,7 +14,7 @@ import torch
 def scaling(monkeypatch):
     import pathlib
 
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
     import scaling as module
 
     monkeypatch.setitem(module.GEOMETRIES, "tiny", (32, 2, 2))  # 32 experts × 2 MoE layers, top-2

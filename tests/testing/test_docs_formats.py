@@ -14,7 +14,7 @@ from specterbench.bench.runner import BenchConfig, Runner, encode_prompts
 from specterbench.engine.sampling import DecodeSetting
 from specterbench.testing.pytest_plugin import SMALL_PROMPTS
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "plugins.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"
 
 
 def formats_section() -> str:
