@@ -7,7 +7,9 @@ import math
 from pathlib import Path
 
 from specterbench.studies import realism, routing_stats
-from specterbench.studies.specs import SPECS
+
+#: the Markdown beside a card that says how its recipe was chosen
+NOTES_FILE = "TRAINING_NOTES.md"
 
 
 def _fmt_int(n: int) -> str:
@@ -20,7 +22,7 @@ def write_card(name: str, directory: str | Path, routing: dict | None = None, re
 
     ``routing`` defaults to freshly computed :func:`routing_stats.for_model` statistics, ``realism_report`` to a
     fresh :func:`realism.report` (its JSON is kept beside the card). ``realism_notes``: what was tried where a
-    tolerance is missed (default: the notes of the model's spec).
+    tolerance is missed (default: a link to the model's ``TRAINING_NOTES.md``).
     """
 
     directory = Path(directory)
@@ -125,12 +127,11 @@ def write_card(name: str, directory: str | Path, routing: dict | None = None, re
         "speculative prefetch); generated text is archaic-sounding and often incoherent.",
         "",
     ]
-    if realism_notes is None:
-
-        realism_notes = "\n".join(SPECS[name].notes) if name in SPECS else ""
-    if realism_notes:
+    notes = realism_notes or ((f"How the recipe was chosen, what moved the routing and what it trades: [{NOTES_FILE}]"
+                                f"({NOTES_FILE}).") if (directory / NOTES_FILE).is_file() else "")
+    if notes:
         at = lines.index("## License and intended use")
-        lines[at:at] = ["### What moved the routing, and what is missed", "", realism_notes, ""]
+        lines[at:at] = ["### What moved the routing, and what it trades", "", notes, ""]
     path = directory / "CARD.md"
     path.write_text("\n".join(lines))
     return path

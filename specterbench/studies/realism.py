@@ -31,7 +31,10 @@ from specterbench.studies.specs import SPECS
 PUBLISHED_PATH = Path(__file__).resolve().parent / "published_routing.json"
 
 #: metrics held to a tolerance (issue 14): model-level LRU at ρ=1, 2 and Belady at ρ=2 within ±0.08, SRP ±8 points
-TOLERANCES = {"lru_rho1": 0.08, "lru_rho2": 0.08, "belady_rho2": 0.08, "srp_m16": 8.0}
+TOLERANCES = {"lru_rho1": 0.08, "lru_rho2": 0.08, "belady_rho2": 0.08, "srp_m16": 8.0, "lru_exec_rho2": 0.08}
+#: a metric held to another's published figure: the execution-order LRU reading against the paper's LRU (the paper
+#: publishes only its own, batched reading; the execution-order one is what an engine's model-level cache sees)
+PUBLISHED_AS = {"lru_exec_rho1": "lru_rho1", "lru_exec_rho2": "lru_rho2"}
 
 
 def load_published() -> dict:
@@ -104,6 +107,8 @@ DEFAULT_SIZE = ReportSize()
 ROWS = (
     ("lru_rho1", "LRU ρ=1", ".3f"),
     ("lru_rho2", "LRU ρ=2", ".3f"),
+    ("lru_exec_rho1", "LRU ρ=1, execution order", ".3f"),
+    ("lru_exec_rho2", "LRU ρ=2, execution order", ".3f"),
     ("belady_rho1", "Belady ρ=1", ".3f"),
     ("belady_rho2", "Belady ρ=2", ".3f"),
     ("lfu_rho1", "LFU ρ=1", ".3f"),
@@ -204,8 +209,9 @@ def measure(model, tokenizer, name: str, stand_for: str | None, seq_len: int, de
     published = load_published()["models"].get(stand_for, {}) if stand_for else {}
     checks = {}
     for key, tol in TOLERANCES.items():
-        if key in published:
-            diff = tf[key] - published[key]
+        source = PUBLISHED_AS.get(key, key)
+        if source in published and key in tf:
+            diff = tf[key] - published[source]
             checks[key] = {"diff": diff, "tolerance": tol, "ok": bool(abs(diff) <= tol)}
     return {
         "model": name,
@@ -217,7 +223,8 @@ def measure(model, tokenizer, name: str, stand_for: str | None, seq_len: int, de
                   "seconds": round(time.time() - t0, 1)},
         "teacher_forced": tf,
         "decode": dec,
-        "published": {key: published[key] for key, _, _ in ROWS if key in published},
+        "published": {key: published[PUBLISHED_AS.get(key, key)] for key, _, _ in ROWS
+                      if PUBLISHED_AS.get(key, key) in published},
         "checks": checks,
         "within_tolerance": bool(checks) and all(c["ok"] for c in checks.values()),
         "fidelity": fid,
@@ -386,7 +393,11 @@ def card_section(rep: dict) -> str:
         f"`specterbench realism --model {rep['model']}`. Published values of {rep.get('published_title')}: "
         f"{src['paper']}; LRU/Belady {src['lru_rho1']}, SRP {src['srp_m16']}, SCH {src['sch_rho2_m16']}. "
         "Definitions (model-level cache of ρ·L·k (layer, expert) entries reset per sequence, SRP, SCH v3) follow "
-        f"{src['code']}; tolerances: ±0.08 on LRU ρ=1, ρ=2 and Belady ρ=2, ±8 points on SRP.",
+        f"{src['code']}: a token's accesses are decided against the cache as it stood when the token began, and an "
+        "entry's first access counts as a hit while the cache has never been full. The *execution order* rows read "
+        "the same traces through a plain LRU in the order an engine runs them (layer by layer, every first access a "
+        "miss), a stricter reading beside the same published figure. Tolerances: ±0.08 on LRU ρ=1, ρ=2 (ρ=2 in both "
+        "readings) and Belady ρ=2, ±8 points on SRP.",
         "",
         format_table(rep),
         "",
