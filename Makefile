@@ -39,7 +39,9 @@ GATE_JSON ?= results/gate.json
 # $(call GATE_GRID,<name>): the grid into results/<name>-<model>/, logs in results/gate-logs/ (shown when a run breaks);
 # each run's progress lines ("cell 3/27 · … · eta 1m40s") reach the terminal too, prefixed with the model
 GATE_LOG = results/gate-logs/$(1)-{}
-GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_MODELS)' | tr , '\n' | \
+GATE_GRID = test "$(GATE_JOBS)" -ge 1 2>/dev/null || { echo "make: GATE_JOBS=$(GATE_JOBS) is not a number of runs \
+  at a time; give a positive integer, e.g. GATE_JOBS=2" >&2; exit 2; }; \
+  rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_MODELS)' | tr , '\n' | \
   xargs -P $(GATE_JOBS) -I{} sh -c ': > $(GATE_LOG).log; { $(BIN)/specterbench run --model {} $(GATE_RUN_ARGS) \
   --out results --run-id $(1)-{} 2>&1 >> $(GATE_LOG).log; echo $$? > $(GATE_LOG).rc; } | tee -a $(GATE_LOG).log | \
   sed -u "s/^/[{}] /"; rc=$$(cat $(GATE_LOG).rc); test $$rc -eq 0 || test $$rc -eq 1 || \

@@ -37,6 +37,7 @@ def resident(engine):
 
     class Resident(Strategy):
         name = "resident-all"
+        version = "1"
 
         def min_cache_bytes(self, engine):
             return engine.total_expert_bytes

@@ -204,6 +204,7 @@ class _Resident:
 
         class Reference(Strategy):
             name = "reference"
+            version = "1"
 
             def min_cache_bytes(self, engine):
                 return engine.total_expert_bytes

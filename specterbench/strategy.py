@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
 from specterbench.engine.cache import FETCH, ON_HOST, SUBSTITUTE, ExpertKey, PrefetchResult
+from specterbench.engine.numerics import NumericsGuide
 from specterbench.engine.sampling import GREEDY, DecodeSetting, TokenSampler
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import BudgetError, UsageError
@@ -83,11 +84,15 @@ class Request:
     reference_tokens: tuple[int, ...] | None = None
     reference_trace: tuple[tuple[int, tuple[int, ...]], ...] | None = None  # (moe_layer, experts) per layer call
     decode: DecodeSetting = GREEDY
+    #: the reference's tokens and margins for a lossless check within numerics (set by the runner; None: none)
+    numerics: NumericsGuide | None = None
 
     def sampler(self, record_margins: bool = False) -> TokenSampler:
         """The token chooser of this request (position 0 is the first prompt token); ``record_margins`` keeps the
-        top-2 score gap of every chosen token in ``sampler.margins`` (the reference pass uses it)."""
-        return self.decode.sampler(self.id, record_margins)
+        top-2 score gap of every chosen token in ``sampler.margins`` (the reference pass uses it). Where the
+        reference's own choice was a near-tie (:mod:`specterbench.engine.numerics`), the sampler takes the
+        reference's token, so one rounding difference does not make the rest of the decode incomparable."""
+        return self.decode.sampler(self.id, record_margins, self.numerics)
 
 
 @dataclass(frozen=True, slots=True)

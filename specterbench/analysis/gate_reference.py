@@ -24,6 +24,7 @@ from specterbench.analysis.gate_rules import SpeedupRule, load_rules
 from specterbench.analysis.report import write_summary
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import ResultRow, read_rows
+from specterbench.runfiles.rundir import write_merged_run_json
 
 NOISE_REL = 1e-9  # relative change below which a value has not moved (float summation order)
 INSTALLED = ("rows.jsonl", "reference.jsonl")  # concatenated over the candidate folders; summary.md is rewritten
@@ -118,7 +119,7 @@ def install(candidate_dirs: list[Path], reference_dir: Path, rows: list[ResultRo
             (reference_dir / name).write_bytes(b"".join(p.read_bytes() for p in parts))
         elif (reference_dir / name).exists():
             (reference_dir / name).unlink()
-    (reference_dir / "run.json").unlink(missing_ok=True)  # from before: one run's options, not the gate grid's
+    write_merged_run_json(reference_dir, {r.run_id for r in rows})  # one run per model, merged on purpose
     write_summary(reference_dir, rows)
 
 

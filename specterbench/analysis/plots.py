@@ -129,6 +129,13 @@ def _by_strategy(rows: list[ResultRow], value) -> dict[str, list[tuple[float, fl
     return dict(lines)
 
 
+def _released(rows: list[ResultRow], strategy: str) -> str:
+    """`` (draft released at 35%)``: where a speculative strategy's line is its own ablation."""
+    at = sorted({round(r.budget_fraction * 100) for r in rows
+                 if r.strategy == strategy and r.extra.get("draft_released")})
+    return f" (draft released at {', '.join(f'{b}%' for b in at)})" if at else ""
+
+
 def _budget_ticks(ax, xs) -> None:
     """Ticks at the budgets that were run (whole percent where they are whole), never fractional in-betweens."""
     xs = sorted(xs)
@@ -151,7 +158,7 @@ def _budget_plot(rows, value, ylabel, path: Path, scale: float = 1.0) -> Path | 
                        label=f"{s} (at {xs[0]:g}%)")
             ax.plot(xs, ys, **{**st.kwargs(), "linestyle": "none"})
         else:
-            ax.plot(xs, ys, label=s, **st.kwargs())
+            ax.plot(xs, ys, label=s + _released(rows, s), **st.kwargs())
     r = rows[0]
     _budget_ticks(ax, xs_all)
     ax.set_xlabel(_budget_axis(r))

@@ -7,6 +7,7 @@ from pathlib import Path
 from specterbench.bench.nvml import nvml_columns
 from specterbench.runfiles.reference import workload_lines
 from specterbench.runfiles.results import ResultRow, integrity_problems, read_rows
+from specterbench.runfiles.rundir import run_ids
 
 
 def load_frame(run_dir, on_error: str = "stop"):
@@ -35,7 +36,7 @@ def summary_table(rows: list[ResultRow]):
         records.append({
             "model": (r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)")
             + ("" if r.precision == "bf16" else f", {r.precision}"),
-            "strategy": r.strategy_label,
+            "strategy": r.display_label,
             "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
                        f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),
             "_frac": r.budget_fraction,
@@ -82,7 +83,7 @@ def render_markdown(rows: list[ResultRow], wide: bool = False) -> str:
     if df.empty:
         return "(no rows)\n"
     if wide:
-        return df.to_markdown(index=False, floatfmt=".3f") + "\n"
+        return df.to_markdown(index=False, floatfmt=".3f") + "\n" + "".join(f"{n}\n" for n in note_lines(rows))
     header = []
     geometries = sorted({r.geometry_label for r in rows if r.geometry != r.model})
     df = df.copy()
@@ -92,13 +93,24 @@ def render_markdown(rows: list[ResultRow], wide: bool = False) -> str:
         if len(values) == 1:
             header.append(f"{col}: {values[0]}")
     header += [f"geometry: {g}" for g in geometries]
-    keep = [c for c in COMPACT if c in df.columns and not (c == "model" and any(h.startswith("model:") for h in header))]
+    compact = COMPACT
+    if all(r.clock == "host" for r in rows):  # no device clock: this machine's wall time instead of empty TPOT
+        header.append("TPOT: not measured (no CUDA device); host ms/tok is this machine's wall time per token")
+        compact = tuple("host ms/tok" if c == "TPOT ms" else c for c in COMPACT
+                        if c not in ("TPOT mean ms", "stall ms/tok"))
+    keep = [c for c in compact
+            if c in df.columns and not (c == "model" and any(h.startswith("model:") for h in header))]
     keep += [c for c in SHARED if c in df.columns and c not in keep and not any(h.startswith(c + ":") for h in header)]
     df = df[[c for c in df.columns if c in keep]]
     df["budget"] = [b.split(" (", 1)[0] for b in df["budget"]]  # the fraction; bytes are in summary.md
     df["status"] = [s if len(s) <= STATUS_WIDTH else s[: STATUS_WIDTH - 1] + "…" for s in df["status"]]
     table = df.to_markdown(index=False, floatfmt=".3f") + "\n"
-    return "".join(f"{line}\n" for line in header) + table
+    return "".join(f"{line}\n" for line in header) + table + "".join(f"{line}\n" for line in note_lines(rows))
+
+
+def note_lines(rows: list[ResultRow]) -> list[str]:
+    """One line per row with a note (:attr:`ResultRow.note`), naming its cell."""
+    return [f"note: {r.display_label} @ {r.budget_fraction:.0%} ({r.model}): {r.note}" for r in rows if r.note]
 
 
 def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
@@ -119,7 +131,8 @@ def write_summary(run_dir: Path, rows: list[ResultRow] | None = None) -> Path:
 
     lines += [f"{line}." for line in workload_lines(run_dir)]
 
-    problems = integrity_problems(rows, run_dir / "rows.jsonl")
+    lines += [f"{line[0].upper()}{line[1:]}." for line in note_lines(rows)]
+    problems = integrity_problems(rows, run_dir / "rows.jsonl", run_ids(run_dir))
     if problems:
         lines += ["", "**Integrity:** " + " ".join(f"{p}." for p in problems)]
     lines += ["", render_markdown(rows, wide=True), "", "## Link bytes: engine ledger vs NVML PCIe counters", ""]

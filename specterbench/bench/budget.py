@@ -26,25 +26,26 @@ class Budget:
 
 
 def parse_budget(text: str) -> Budget:
-    """``35%``, ``0.35`` (fractions of all expert bytes) or ``120MB``, ``1.5GiB``, ``123456`` (bytes)."""
+    """``35%``, ``0.35`` (shares of all expert bytes), ``120MB``, ``1.5GiB``, ``123456B`` (bytes). ``0%`` is a valid
+    budget (every expert stays on the host) for the strategies that can run with none; the others refuse it when the
+    run starts. A bare integer has no unit and is refused with the two readings it could have."""
     s = text.strip().lower().replace(" ", "")
     if s.startswith("-"):
-        raise UsageError(f"budget {text!r} is negative; a budget is a positive share of all expert bytes (35%, "
-                         f"0.35) or a byte count (120MB)")
+        raise UsageError(f"budget {text!r} is negative; a budget is a share of all expert bytes (35%, 0.35) or a "
+                         f"byte count (120MB)")
     m = re.fullmatch(r"(\d+(?:\.\d+)?)%", s)
     if m:
-        if float(m.group(1)) == 0:
-            raise UsageError(f"budget {text!r} is zero; give a positive share of all expert bytes (35%) or bytes")
         return Budget(text, fraction=float(m.group(1)) / 100)
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmg]i?b|b)?", s)
     if not m:
         raise UsageError(f"malformed budget {text!r}; write a percentage (35%), a fraction (0.35) or bytes "
-                         f"(120MB, 1.5GiB, 123456)")
+                         f"(120MB, 1.5GiB, 123456B)")
     value, unit = float(m.group(1)), m.group(2)
-    if value == 0:
-        raise UsageError(f"budget {text!r} is zero; give a positive share of all expert bytes (35%) or bytes")
-    if unit is None and "." in m.group(1):
-        if not 0 < value <= 1:
-            raise UsageError(f"budget fraction {text!r} must be in (0, 1]; for bytes write an integer or a unit")
+    if unit is None and "." not in m.group(1):
+        raise UsageError(f"budget {text!r} has no unit; write {m.group(1)}% for a share of all expert bytes, or "
+                         f"bytes with a unit ({m.group(1)}MB, {m.group(1)}B)")
+    if unit is None:
+        if not 0 <= value <= 1:
+            raise UsageError(f"budget fraction {text!r} must be in [0, 1]; for bytes write a unit (120MB)")
         return Budget(text, fraction=value)
-    return Budget(text, nbytes=int(value * _UNITS[unit or "b"]))
+    return Budget(text, nbytes=int(value * _UNITS[unit]))

@@ -4,8 +4,12 @@ tokens against the reference (lossless strategies fail on a divergence unless it
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
-from specterbench.bench.numerics import classify_divergence
+import torch
+
+from specterbench.engine.numerics import classify_divergence
+from specterbench.engine.sampling import DecodeSetting
 from specterbench.runfiles.results import ResultRow
 
 
@@ -64,11 +68,11 @@ def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
     row.extra.update(strategy.metrics())
 
 
-def check_tokens(row: ResultRow, outputs, reference, lossless: bool, numerics=None) -> None:
-    """Token agreement with the reference; a lossless strategy's first divergence fails its row, unless
-    (given ``numerics`` = (prompt ids by id, compute dtype, decode setting)) the reference's top-2 margin there
-    is below the compute dtype's rounding: then it is numerics, noted in ``extra``, and the row stays ok."""
-
+def check_tokens(row: ResultRow, outputs, reference, lossless: bool, numerics: TokenNumerics | None = None) -> None:
+    """Token agreement with the reference. A lossless strategy's row records how it matched: ``bit-identical``, or
+    ``equal within numerics`` with the positions where the reference's choice was a near-tie and the strategy's
+    sampler took the reference's token (:mod:`specterbench.engine.numerics`). Any other difference fails the row —
+    unless it falls at such a near-tie itself (a strategy that does not choose through ``request.sampler()``)."""
     same = total = 0
     first = None
     for pid, toks in outputs.items():
@@ -85,19 +89,39 @@ def check_tokens(row: ResultRow, outputs, reference, lossless: bool, numerics=No
     row.token_agreement = same / total if total else None
     row.lossless = first is None
     row.first_divergence = first
+    followed = {pid: sorted(p) for pid, p in (numerics.followed if numerics else {}).items() if p}
+    if followed:
+        row.extra["within_numerics"] = followed
+    if lossless:
+        row.extra["numerics"] = "equal within numerics" if followed else "bit-identical"
     if lossless and first is not None:
         note = None
         if numerics is not None:
-            prompt_ids, dtype, decode = numerics
+            decode = numerics.decode
             note = classify_divergence(reference.margins.get(first["prompt"]),
-                                       len(prompt_ids[first["prompt"]]) + first["position"], dtype,
-                                       decode.temperature if decode.mode == "sample" else None)
+                                       len(numerics.prompt_ids[first["prompt"]]) + first["position"], numerics.dtype,
+                                       numerics.layers, decode.temperature if decode.mode == "sample" else None)
         if note is not None:
             row.extra["divergence"] = note
+            row.extra["numerics"] = "equal within numerics"
             return
+        row.extra.pop("numerics", None)
         row.status = "diverged"
         row.error = (f"tokens differ from the reference at prompt {first['prompt']} position "
                      f"{first['position']}: got {first['got']}, expected {first['expected']}")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenNumerics:
+    """What the lossless check within numerics needs of a cell: each prompt's ids, the compute dtype and depth the
+    tolerance derives from, the decode setting, and the positions where a strategy's sampler followed the
+    reference at a near-tie (per prompt id)."""
+
+    prompt_ids: dict
+    dtype: torch.dtype
+    layers: int
+    decode: DecodeSetting
+    followed: dict
 
 
 def samples_of(samples) -> dict:

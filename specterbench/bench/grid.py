@@ -51,7 +51,8 @@ class Grid:
     strategies: tuple[str, ...]  # ("all",) expands to every registered strategy
     budgets: tuple["Budget", ...]
     profiles: tuple[str, ...] = (DEFAULT_PROFILE,)
-    geometries: tuple[str | None, ...] = (None,)  # None: the model's own sizes
+    # as `specterbench run`: priced at the real model a stand-in stands for ("auto"); None: its own sizes
+    geometries: tuple[str | None, ...] = ("auto",)
     # None: one value, BenchConfig's default
     seeds: tuple[int, ...] | None = None
     tokens: tuple[int, ...] | None = None

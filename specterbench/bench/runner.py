@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from specterbench.bench.budget import Budget
-from specterbench.bench.cell_metrics import check_tokens, fill_metrics, peak_rss_bytes, samples_of
+from specterbench.bench.cell_metrics import TokenNumerics, check_tokens, fill_metrics, peak_rss_bytes, samples_of
 from specterbench.bench.checks import (
     check_context,
     check_device,
@@ -34,12 +34,14 @@ from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import geometry_preset, project
 from specterbench.engine.graphs import check_setting as check_graph_setting
 from specterbench.engine.host_clock import HostWallClock
+from specterbench.engine.numerics import NumericsGuide, margin_tolerance
 from specterbench.engine.precision import BF16, Precision, quantize_model
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
 from specterbench.plugins.host import PluginHost, warn
 from specterbench.runfiles.reference import write_reference
 from specterbench.runfiles.results import ResultRow, RowWriter, read_rows, strategy_label
+from specterbench.runfiles.rundir import run_identity
 from specterbench.strategy import Request, RoutingCalibration, Strategy
 
 
@@ -468,7 +470,7 @@ class Runner:
         nbytes = budget.resolve(total)
         entry = self.host.strategies().entry(sname)
         row = ResultRow(
-            run_id=self.run_dir.name, cell=key, model=engine.name, geometry=engine.geometry.name,
+            run_id=run_identity(self.run_dir), cell=key, model=engine.name, geometry=engine.geometry.name,
             geometry_label=engine.geometry.label(), priced_total_expert_bytes=engine.geometry.all_expert_bytes,
             strategy=sname, strategy_version=str(cls.version),
             strategy_plugin=f"{entry.plugin.name} ({entry.plugin.distribution} {entry.plugin.version})",
@@ -491,8 +493,17 @@ class Runner:
             row.strategy_device_bytes = strategy.device_bytes(engine)
             strategy.prepare(engine, calibration if cls.uses_calibration else None)
 
+            layers = int(engine.model.config.num_hidden_layers)
+            temperature = cfg.decode.temperature if cfg.decode.mode == "sample" else None
+            tolerance = margin_tolerance(engine.compute_dtype, layers, temperature)
+            guides = {}  # per prompt: where a lossless strategy may take the reference's token at a near-tie
+
             def request(pid, ids):
-                return Request(pid, ids, cfg.tokens, reference.tokens[pid], reference.traces[pid], cfg.decode)
+                if cls.lossless and pid not in guides:
+                    guides[pid] = NumericsGuide({len(ids) + i: t for i, t in enumerate(reference.tokens[pid])},
+                                                reference.margins.get(pid) or {}, tolerance)
+                return Request(pid, ids, cfg.tokens, reference.tokens[pid], reference.traces[pid], cfg.decode,
+                               guides.get(pid))
 
             if cfg.warmup:
                 pid, ids = reference.warmup  # a calibration prompt: no measured prompt is seen before it is measured
@@ -515,8 +526,9 @@ class Runner:
                 all_samples.append(list(engine.samples))
             row.strategy_device_bytes_allocated = drafts_allocated_bytes(engine)
             fill_metrics(row, engine, strategy, all_samples)
-            check_tokens(row, outputs, reference, cls.lossless,
-                               numerics=(dict(prompts), engine.compute_dtype, cfg.decode))
+            check_tokens(row, outputs, reference, cls.lossless, TokenNumerics(
+                dict(prompts), engine.compute_dtype, layers, cfg.decode,
+                {pid: g.followed for pid, g in guides.items() if pid != reference.warmup[0]}))
         except KeyboardInterrupt:
             raise
         except Exception as err:  # one strategy's failure is its row's, never the run's

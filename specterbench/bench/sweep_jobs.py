@@ -22,6 +22,7 @@ from specterbench.engine.precision import priced_geometry
 from specterbench.errors import BudgetError
 from specterbench.plugins.host import get_host
 from specterbench.runfiles.results import ResultRow
+from specterbench.runfiles.rundir import run_identity
 
 if TYPE_CHECKING:  # pragma: no cover
     from specterbench.bench.runner import BenchConfig
@@ -141,7 +142,7 @@ class Plan:
     expert_bytes: dict[str, int] = field(default_factory=dict)  # model -> total expert bytes, once known
 
     def failed(self, cell: Cell, reason: str) -> ResultRow:
-        return error_row(self.host, cell, self.run_dir.name, self.env, reason, self.expert_bytes.get(cell.model))
+        return error_row(self.host, cell, run_identity(self.run_dir), self.env, reason, self.expert_bytes.get(cell.model))
 
     def shared_done(self, key: tuple, value) -> None:
         if isinstance(value, SharedReference):

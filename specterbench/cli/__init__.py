@@ -83,6 +83,12 @@ def main(argv=None) -> int:
             raise
         print(f"specterbench: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C while a run writes its summary: still one line, rows kept
+        run_dir = getattr(args, "run_folder", None)
+        kept = (f"; the finished rows are kept in {run_dir}; continue with --resume {run_dir}"
+                if run_dir is not None and (run_dir / "rows.jsonl").exists() else "")
+        print(f"specterbench: interrupted{kept}", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # the reader went away (`specterbench list | head`): stop quietly, as cat does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
         return 141  # 128 + SIGPIPE

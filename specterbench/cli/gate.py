@@ -13,6 +13,7 @@ from specterbench.analysis.gate_reference import accept
 from specterbench.analysis.gate_rules import Check, load_rules, parse_rule
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import integrity_problems, read_rows
+from specterbench.runfiles.rundir import run_ids
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,7 +47,7 @@ def cmd_gate(args) -> int:
     result = run_gate(rows, reference, rules)
     for d, dir_rows in by_dir.items():  # a duplicated cell or a foreign run's rows would be gated as this run's
         result.checks.extend(Check("integrity", False, problem, str(d))
-                             for problem in integrity_problems(dir_rows, Path(d) / "rows.jsonl"))
+                             for problem in integrity_problems(dir_rows, Path(d) / "rows.jsonl", run_ids(Path(d))))
     print(render(result, passes=not args.failures_only), end="")
     if getattr(args, "json", None):
         try:

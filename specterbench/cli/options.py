@@ -126,6 +126,25 @@ def flag_integrity(rows, run_dir: Path) -> None:
     """One warning per integrity problem of a run folder's rows (a duplicated cell, a foreign run id)."""
     from specterbench.plugins.host import warn
     from specterbench.runfiles.results import integrity_problems
+    from specterbench.runfiles.rundir import run_ids
 
-    for problem in integrity_problems(rows, run_dir / "rows.jsonl"):
+    for problem in integrity_problems(rows, run_dir / "rows.jsonl", run_ids(run_dir)):
         warn(problem)
+
+
+def dated_folder(out: Path, base: str, args) -> Path:
+    """A new folder named ``base`` (``base-2``, ``base-3``, ... when a run started in the same second took it),
+    claimed by creating it, so that two runs started together never share one."""
+    for i in range(1, 1000):
+        path = out / (base if i == 1 else f"{base}-{i}")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise UsageError(f"cannot write the run folder {path} ({err.strerror or err}); choose a writable --out "
+                             f"(and check free disk space)") from None
+        args.claimed_folder = True
+        return path
+    raise UsageError(f"{out}: a thousand runs named {base}*; give --run-id")

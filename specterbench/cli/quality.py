@@ -9,10 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+from specterbench.cli.options import dated_folder, strategy_options
 from specterbench.errors import UsageError
 from specterbench.quality.eval_report import render_markdown, write_report
-from specterbench.quality.eval_rows import EvalRow
-from specterbench.quality.evaluate import DEFAULT_BOOTSTRAP_ITERS, DEFAULT_BUDGET, default_strategies, run_eval
+from specterbench.quality.eval_rows import DEFAULT_BOOTSTRAP_ITERS, DEFAULT_BUDGET, EvalRow
 
 
 def csv_list(text: str) -> list[str]:
@@ -104,6 +104,7 @@ def cmd_eval(args) -> int:
     import torch
 
     from specterbench.plugins.host import get_host
+    from specterbench.quality.evaluate import default_strategies, run_eval
 
     host = get_host()
     torch.set_num_threads(1)
@@ -127,20 +128,18 @@ def cmd_eval(args) -> int:
     from specterbench.bench.budget import parse_budget
 
     parse_budget(args.budget)  # a bad budget is one line now, not after the reference ran (once per model)
-    options: dict = {}
-    for pair in args.set or []:
-        lhs, sep, value = pair.partition("=")
-        if not sep or "." not in lhs:
-            raise UsageError(f"malformed --set {pair!r}; write STRATEGY.OPTION=VALUE, e.g. specter.k=4")
-        name, option = lhs.split(".", 1)
-        options.setdefault(name, {})[option] = value
+    options = strategy_options(args.set)
     decode, drafts = check_eval_options(args, host, models, strategies, options)  # all before any evaluation
-    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + models[0]
-    if "/" in run_id or run_id in (".", ".."):
-        raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")
-    run_dir = Path(args.out) / f"eval-{run_id}"
-    if (run_dir / "eval.jsonl").exists():
-        raise UsageError(f"{run_dir} already holds an evaluation; pick another --run-id")
+    if args.run_id is not None:
+        if "/" in args.run_id or args.run_id in (".", "..", ""):
+            raise UsageError(f"--run-id {args.run_id!r} must be a plain folder name (no '/'); use --out for the "
+                             f"parent")
+        run_id, run_dir = args.run_id, Path(args.out) / f"eval-{args.run_id}"
+        if (run_dir / "eval.jsonl").exists():
+            raise UsageError(f"{run_dir} already holds an evaluation; pick another --run-id")
+    else:
+        run_dir = dated_folder(Path(args.out), f"eval-{time.strftime('%Y%m%d-%H%M%S')}-{models[0]}", args)
+        run_id = run_dir.name.removeprefix("eval-")
     _quiet_libraries()
     progress = None if args.quiet else (lambda msg: print(f"· {msg}", file=sys.stderr, flush=True))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -174,6 +173,7 @@ def check_eval_options(args, host, models, strategies, options):
     from specterbench.bench.checks import check_device
     from specterbench.cli.options import decode_setting
     from specterbench.quality.eval_rows import DRAFT
+    from specterbench.quality.evaluate import resolve_tasks
 
     for name in models:
         host.models().entry(name)
@@ -190,11 +190,13 @@ def check_eval_options(args, host, models, strategies, options):
         if unknown:
             raise UsageError(f"--set {name}.{unknown[0]}: strategy {name!r} has no option {unknown[0]!r}; it "
                              f"accepts: {', '.join(cls.option_names()) or 'none'}")
+        cls.validate_options(opts)  # a bad value is one line now, not after the reference ran
     if not csv_list(args.tasks):
         raise UsageError("--tasks is empty; name lm-eval tasks or groups (default: specterbench_suite)")
     if args.include_path is not None and not Path(args.include_path).exists():
         raise UsageError(f"--include-path {args.include_path}: no such folder; give a folder of lm-eval task YAML "
                          f"files")
+    resolve_tasks(csv_list(args.tasks), args.include_path)  # a misspelled task: one line, before any folder
     if args.bootstrap_iters < 0:
         raise UsageError(f"--bootstrap-iters must be >= 0, got {args.bootstrap_iters}")
     host.profiles().entry(args.profile)

@@ -11,6 +11,7 @@ from specterbench.cli.options import (
     add_decode_arguments,
     add_precision_arguments,
     csv_list,
+    dated_folder,
     decode_setting,
     fold,
     precision_setting,
@@ -74,10 +75,13 @@ def _run_folder(args, argv: list[str], host) -> Path:
                          "them)")
     if args.run_id is not None and not args.run_id.strip():
         raise UsageError("--run-id is empty; name the run folder, or leave --run-id out for a dated one")
-    run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S") + "-" + csv_list(args.model)[0].replace("local:", "")
-    if "/" in run_id or run_id in ("", ".", ".."):
-        raise UsageError(f"--run-id {run_id!r} must be a plain folder name (no '/'); use --out for the parent")
-    return Path(args.out) / run_id
+    if args.run_id is not None:
+        if "/" in args.run_id or args.run_id in (".", ".."):
+            raise UsageError(f"--run-id {args.run_id!r} must be a plain folder name (no '/'); use --out for the "
+                             f"parent")
+        return Path(args.out) / args.run_id
+    return dated_folder(Path(args.out), time.strftime("%Y%m%d-%H%M%S") + "-" +
+                         csv_list(args.model)[0].replace("local:", ""), args)
 
 
 def _local_files(args, host, argv: list[str]) -> None:
@@ -121,8 +125,14 @@ def cmd_run(args) -> int:
     host = get_host()
     argv = getattr(args, "argv", [])
     run_dir = _run_folder(args, argv, host)
-    config = run_config(args, host)
-    created = not run_dir.exists()
+    created = getattr(args, "claimed_folder", False) or not run_dir.exists()
+    try:
+        config = run_config(args, host)
+    except SpecterbenchError:
+        if created and run_dir.is_dir():
+            run_dir.rmdir()
+        raise
+    args.run_folder = run_dir  # for the one line a second Ctrl-C still prints
     _writable(run_dir)
     try:
         return _run_in(args, host, config, run_dir)

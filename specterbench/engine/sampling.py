@@ -97,8 +97,8 @@ class DecodeSetting:
         parts.append(f"seed={self.seed}")
         return " ".join(parts)
 
-    def sampler(self, request_id: str, record_margins: bool = False) -> "TokenSampler":
-        return TokenSampler(self, request_id, record_margins)
+    def sampler(self, request_id: str, record_margins: bool = False, guide=None) -> "TokenSampler":
+        return TokenSampler(self, request_id, record_margins, guide)
 
 
 def _stream_seed(seed: int, request_id: str, position: int) -> int:
@@ -149,11 +149,14 @@ class TokenSampler:
     """Chooses tokens for one request under a :class:`DecodeSetting` (see the module docstring). Everything runs on
     the logits' device in float32; the host reads the chosen token ids once per call."""
 
-    __slots__ = ("setting", "request_id", "margins")
+    __slots__ = ("setting", "request_id", "margins", "guide")
 
-    def __init__(self, setting: DecodeSetting, request_id: str, record_margins: bool = False):
+    def __init__(self, setting: DecodeSetting, request_id: str, record_margins: bool = False, guide=None):
         self.setting = setting
         self.request_id = str(request_id)
+        #: a :class:`~specterbench.engine.numerics.NumericsGuide`: where the reference's choice was a near-tie and
+        #: this one differs, the reference's token is taken (lossless within numerics); None: every choice is own
+        self.guide = guide
         #: ``{position: margin}`` of every token :meth:`pick` chose, when recording (the reference pass does, so a
         #: later divergence at a near-tie can be told from a strategy's error); None otherwise (no extra work)
         self.margins: dict[int, float] | None = {} if record_margins else None
@@ -194,7 +197,10 @@ class TokenSampler:
             top2 = torch.topk(x, 2, dim=-1).values  # [N, 2]
             for i, m in enumerate(host_read(top2[:, 0] - top2[:, 1])):
                 self.margins[first_position + i] = float(m)
-        return host_read(x.argmax(-1))  # argmax, not topk's index: the same tie-break with or without margins
+        chosen = host_read(x.argmax(-1))  # argmax, not topk's index: the same tie-break with or without margins
+        if self.guide is not None:
+            chosen = [self.guide.choose(first_position + i, t) for i, t in enumerate(chosen)]
+        return chosen
 
     def margin(self, logits: torch.Tensor, position: int) -> float:
         """Gap between the best and second-best score at ``position``: how close the choice was to a tie

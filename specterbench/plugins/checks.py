@@ -98,8 +98,9 @@ def strategy_problems(cls, plugin: str) -> list[str]:
     if not isinstance(cls.name, str) or not cls.name.strip():
         problems.append(f"{where}: {cls.__qualname__} has no name; set the class attribute name = '...' (what "
                         f"--strategies selects)")
+    own = cls.__mro__[: cls.__mro__.index(Strategy)]  # the plugin's own classes, not the base
     points, attributes = decision_points(), contract_attributes()
-    for klass in cls.__mro__[: cls.__mro__.index(Strategy)]:  # the plugin's own classes, not the base
+    for klass in own:
         for attr, value in vars(klass).items():
             if attr.startswith("_"):
                 continue
@@ -118,6 +119,9 @@ def strategy_problems(cls, plugin: str) -> list[str]:
                                           f"a name unlike a decision point)")
             except PluginError as err:
                 problems.append(str(err))
+    if not any("version" in vars(klass) for klass in own):
+        problems.append(f"{where}: {cls.__qualname__} sets no version; set version = '1' (rows record it, and the "
+                        f"gate compares only rows of one strategy version)")
     return problems
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from specterbench.errors import SpecterbenchError
 
 EVAL_SCHEMA_VERSION = 1
+DEFAULT_BUDGET = "50%"
+DEFAULT_BOOTSTRAP_ITERS = 1000  # stderr of perplexity-type metrics is bootstrapped; lm-eval's 100000 is slow
 REFERENCE, DRAFT = "reference", "draft"
 
 
@@ -71,26 +73,64 @@ def _decision(sample):
     return None
 
 
-def compare_samples(samples, reference) -> tuple[int, int, int | None, float | None]:
-    """``(differ, total, first differing doc id, decision agreement)`` of two runs' per-sample outputs.
+@dataclass(frozen=True, slots=True)
+class SampleComparison:
+    """How a variant's samples compare with the reference's: ``bit_identical`` of ``total`` raw outputs equal to the
+    last bit; ``beyond`` differ by more than the numerics tolerance (``first``: the first such doc); ``agreement``: the
+    share of decisions (chosen option, filtered answer) that agree."""
 
-    Outputs are compared raw (``resps``: every log-likelihood, the whole generated text), before any task
-    filter; decisions (the chosen option, the filtered answer) come from ``filtered_resps``.
-    """
+    total: int
+    bit_identical: int
+    beyond: int
+    first: object
+    agreement: float | None
+    routing_near_ties: int = 0  # differing beyond the smooth bound where the reference's routing was a near-tie
+
+    @property
+    def within_numerics(self) -> int:
+        return self.total - self.bit_identical - self.beyond
+
+
+def _within(a, b, tol: float) -> bool:
+    """Raw outputs equal, numbers within ``tol`` (log-likelihoods), anything else exactly."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_within(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(float(a) - float(b)) <= tol
+    return a == b
+
+
+def compare_samples(samples, reference, tolerance=None, near_tie=None) -> SampleComparison:
+    """Two runs' per-sample outputs. Raw outputs (``resps``: every log-likelihood, the whole generated text) are
+    compared bit for bit and, where they differ, within ``tolerance(sample)`` (the log-likelihood tolerance of the
+    reference sample's scored tokens, :func:`specterbench.engine.numerics.loglik_tolerance`; None: exactly);
+    generated text and greedy flags always exactly. ``near_tie(sample)``: the reference's routing came near a tie
+    while scoring it — a difference beyond the bound is then numerics too, counted apart. Decisions come from
+    ``filtered_resps``."""
     mine, ref = _by_doc(samples), _by_doc(reference)
-    differ, first = 0, None
+    identical = beyond = ties = 0
+    first = None
     agree = decided = 0
     for doc_id in sorted(set(mine) | set(ref), key=str):
         a, b = mine.get(doc_id), ref.get(doc_id)
-        if a is None or b is None or _plain(a.get("resps")) != _plain(b.get("resps")):  # raw model outputs
-            differ += 1
-            first = doc_id if first is None else first
+        if a is not None and b is not None and _plain(a.get("resps")) == _plain(b.get("resps")):
+            identical += 1
+        elif a is None or b is None or not _within(a.get("resps"), b.get("resps"),
+                                                   tolerance(b) if tolerance is not None else 0.0):
+            if a is not None and b is not None and near_tie is not None and near_tie(b):
+                ties += 1
+            else:
+                beyond += 1
+                first = doc_id if first is None else first
         if a is not None and b is not None:
             da, db = _decision(a), _decision(b)
             if da is not None and db is not None:
                 decided += 1
                 agree += da == db
-    return differ, len(set(mine) | set(ref)), first, (agree / decided if decided else None)
+    return SampleComparison(len(set(mine) | set(ref)), identical, beyond, first,
+                            agree / decided if decided else None, ties)
 
 
 # ---- results -> rows -----------------------------------------------------------------------------
@@ -178,8 +218,10 @@ def error_rows(base: dict, leaf_tasks: list[str], err: BaseException) -> list[Ev
     return rows
 
 
-def check_row(row: EvalRow, samples, reference: dict) -> None:
-    """Fill ``delta`` and ``check`` against the reference; a lossless variant that differs fails."""
+def check_row(row: EvalRow, samples, reference: dict, tolerance=None, near_tie=None) -> None:
+    """Fill ``delta`` and ``check`` against the reference. A lossless variant passes when every sample equals the
+    reference's within numerics (``tolerance``: see :func:`compare_samples`); the check says how many were
+    bit-identical. One sample beyond the tolerance fails the row."""
     if row.status != "ok":
         return
     if row.kind == REFERENCE:
@@ -191,19 +233,25 @@ def check_row(row: EvalRow, samples, reference: dict) -> None:
     ref_row, ref_samples = reference[row.task]
     if row.score is not None and ref_row.score is not None and row.metric == ref_row.metric:
         row.delta = row.score - ref_row.score
-    differ, total, first, agreement = compare_samples(samples, ref_samples)
+    c = compare_samples(samples, ref_samples, tolerance, near_tie)
+    row.info["samples_bit_identical"] = c.bit_identical
+    row.info["samples_within_numerics"] = c.within_numerics
+    row.info["samples_at_routing_near_ties"] = c.routing_near_ties
     if row.lossless:
-        if differ:
+        if c.beyond:
             row.status = "mismatch"
-            row.check = f"MISMATCH {differ}/{total} samples (first doc {first})"
-            row.error = (f"{row.variant} is lossless but {differ} of {total} samples of {row.task} differ from the "
-                         f"reference (first: doc {first})")
+            row.check = f"MISMATCH {c.beyond}/{c.total} samples beyond numerics (first doc {c.first})"
+            row.error = (f"{row.variant} is lossless but {c.beyond} of {c.total} samples of {row.task} differ from "
+                         f"the reference by more than the numerics tolerance (first: doc {c.first})")
+        elif c.within_numerics:
+            ties = f", {c.routing_near_ties} at a routing near-tie" if c.routing_near_ties else ""
+            row.check = f"equal within numerics ({c.total} samples, {c.bit_identical} bit-identical{ties})"
         else:
-            row.check = f"identical ({total} samples)"
+            row.check = f"identical ({c.total} samples)"
         return
-    if differ == 0:
-        row.check = f"identical ({total} samples)"
-    elif agreement is not None:
-        row.check = f"lossy: {agreement:.1%} of decisions agree"
+    if c.beyond == 0 and c.within_numerics == 0:
+        row.check = f"identical ({c.total} samples)"
+    elif c.agreement is not None:
+        row.check = f"lossy: {c.agreement:.1%} of decisions agree"
     else:
-        row.check = f"lossy: {differ}/{total} samples differ"
+        row.check = f"lossy: {c.beyond + c.within_numerics}/{c.total} samples differ"

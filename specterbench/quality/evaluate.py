@@ -5,47 +5,41 @@ and the **draft** alone (the target with its routed experts quantized to 4 bits,
 strategy drafts with) run the same lm-eval tasks through :class:`specterbench.quality.lmeval.SpecterbenchLM`. One
 row per (model, variant, task): the task's headline metric with its stderr and the delta to the reference.
 
-Lossless strategies must reproduce the reference sample for sample — every log-likelihood bit for bit,
-every generated string character for character; any difference makes the row ``mismatch`` and the command
-exit non-zero. The draft and lossy strategies show what they cost instead (delta, and how often their
+Lossless strategies must reproduce the reference sample for sample — every log-likelihood within the numerics
+the compute dtype and depth allow (:mod:`specterbench.engine.numerics`; bit-identity is counted beside it), every
+generated string character for character; any other difference makes the row ``mismatch`` and the command exit
+non-zero. The draft and lossy strategies show what they cost instead (delta, and how often their
 decisions agree with the reference's). A strategy that raises is an ``error`` row; the others continue.
 """
 
 from __future__ import annotations
 
-import os
+import math
+import time
+from typing import Callable
+
+import lm_eval
+from lm_eval.tasks import TaskManager
 
 from specterbench.bench.runner import CellProgress
 from specterbench.engine.draft import QuantSpec
+from specterbench.engine.numerics import loglik_tolerance, margin_tolerance
+from specterbench.errors import UsageError
 from specterbench.plugins.host import get_host
-from specterbench.quality.lmeval import SpecterbenchLM, load_engine
-from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
-
-# Nothing downloads at run time (DESIGN rule 7); an explicit user setting wins. Set before lm-eval and
-# ``datasets`` are imported, since ``datasets`` reads these variables once at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-import time  # noqa: E402
-from typing import Callable  # noqa: E402
-
-from specterbench.errors import UsageError  # noqa: E402
-from specterbench.quality.eval_rows import (  # noqa: E402
+from specterbench.quality.eval_rows import (
+    DEFAULT_BOOTSTRAP_ITERS,
+    DEFAULT_BUDGET,
     DRAFT,
-    EVAL_SCHEMA_VERSION,
     RATIO_METRICS,
     REFERENCE,
     EvalRow,
     check_row,
-    compare_samples,
     error_rows,
-    headline,
     ratio_stderr,
     rows_from_results,
 )
-
-DEFAULT_BUDGET = "50%"
-DEFAULT_BOOTSTRAP_ITERS = 1000  # stderr of perplexity-type metrics is bootstrapped; lm-eval's 100000 is slow
+from specterbench.quality.lmeval import SpecterbenchLM, load_engine
+from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
 
 
 # ---- tasks ---------------------------------------------------------------------------------------
@@ -62,7 +56,6 @@ def resolve_tasks(tasks, include_path: str | None = None, include_defaults: bool
     (``include_defaults=None``). Unknown names raise :class:`UsageError` with lm-eval's own message and the
     shipped tasks; data that cannot be loaded offline raises one naming the task and the fix.
     """
-    from lm_eval.tasks import TaskManager
 
     tasks = list(tasks)
     if not tasks:
@@ -114,7 +107,6 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
     quantization options of each draft-alone row (default: one row with ``strategy_options["draft"]``); with
     several, each row's variant is ``draft <label>`` (e.g. ``draft int3/g128``).
     """
-    import lm_eval
 
     host = get_host()
     progress = progress or (lambda msg: None)
@@ -131,6 +123,8 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
     cells = CellProgress(len(models) * per_model, progress)
     for model in models:
         engine = load_engine(model, device, host)
+        tolerance = sample_tolerance(engine)
+        near_tie = None
         calibration = None
         reference: dict[str, tuple[EvalRow, list]] = {}
         variants = [(REFERENCE, REFERENCE, {}), *((name, name, strategy_options.get(name, {})) for name in strategies)]
@@ -149,6 +143,8 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
                 lm = SpecterbenchLM(engine=engine, strategy=lm_variant, budget=budget, profile=profile,
                                     calibration=calibration, progress=False, decode=decode, **options)
                 calibration = lm.calibration or calibration
+                if variant == REFERENCE:
+                    near_tie = routing_near_tie(engine, lm.router_margins)
                 results = lm_eval.simple_evaluate(model=lm, tasks=task_names, task_manager=manager, limit=limit,
                                                   log_samples=True, bootstrap_iters=bootstrap_iters)
                 info = lm.get_model_info()
@@ -166,13 +162,46 @@ def run_eval(models, strategies, tasks, *, limit: int | None = None, budget: str
             elapsed = time.perf_counter() - started
             for row in new:
                 row.duration_s = elapsed
-                check_row(row, samples.get(row.task), reference)
+                check_row(row, samples.get(row.task), reference, tolerance, near_tie)
                 if variant == REFERENCE and row.status == "ok":
                     reference[row.task] = (row, samples.get(row.task) or [])
                 rows.append(row)
                 if writer is not None:
                     writer(row)
     return rows
+
+
+def sample_tolerance(engine):
+    """The log-likelihood tolerance of one lm-eval sample on ``engine``: the rounding its compute dtype and depth
+    allow (:func:`~specterbench.engine.numerics.loglik_tolerance`) over the most tokens any of its requests scores
+    (a continuation, or a whole text for rolling log-likelihoods)."""
+    layers = int(engine.model.config.num_hidden_layers)
+    encode = engine.tokenizer.encode
+
+    def scored_tokens(args) -> int:
+        if len(args) == 1 and isinstance(args[0], str):  # loglikelihood_rolling: the text
+            return len(encode(args[0])) + 1
+        if len(args) == 2 and isinstance(args[1], str):  # loglikelihood: the continuation
+            return len(encode(args[1]))
+        return 1
+
+    def tolerance(sample) -> float:
+        tokens = max((scored_tokens(tuple(a)) for a in sample.get("arguments") or ()), default=1)
+        return loglik_tolerance(engine.compute_dtype, layers, tokens)
+
+    return tolerance
+
+
+def routing_near_tie(engine, margins: dict):
+    """Whether the reference's routing came within the rounding tolerance of a tie while scoring an lm-eval sample
+    (its smallest router top-k margin over the sample's requests, recorded by the reference variant)."""
+    tol = margin_tolerance(engine.compute_dtype, int(engine.model.config.num_hidden_layers))
+
+    def near_tie(sample) -> bool:
+        return any(margins.get(tuple(a), math.inf) < tol for a in sample.get("arguments") or ()
+                   if all(isinstance(x, str) for x in a))  # scored requests; generation's arguments hold a dict
+
+    return near_tie
 
 
 def draft_variants(drafts: tuple[dict, ...] | None, default: dict) -> list[tuple[str, str, dict]]:
@@ -189,10 +218,3 @@ def draft_variants(drafts: tuple[dict, ...] | None, default: dict) -> list[tuple
     return [(f"{DRAFT} {label(opts)}", DRAFT, dict(opts)) for opts in drafts]
 
 
-# the table and the command line live in their own modules; every name of the one-module layout stays importable
-from specterbench.quality.eval_report import quality_table, render_markdown, write_report  # noqa: E402
-
-__all__ = ["DEFAULT_BOOTSTRAP_ITERS", "DEFAULT_BUDGET", "DRAFT", "EVAL_SCHEMA_VERSION", "REFERENCE", "EvalRow",
-           "check_row", "compare_samples", "default_strategies",
-           "error_rows", "headline", "quality_table", "ratio_stderr", "render_markdown", "resolve_tasks",
-           "rows_from_results", "run_eval", "shipped_hint", "write_report"]

@@ -31,7 +31,14 @@ registers this model type and then runs lm-eval's own command line with the same
 
 from __future__ import annotations
 
-import os
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import model_registry, register_model
 
 from specterbench.bench.budget import parse_budget
 from specterbench.bench.calibrate import check_device
@@ -39,26 +46,13 @@ from specterbench.bench.progress import is_quiet
 from specterbench.bench.runner import BenchConfig, ReferenceStrategy, Runner, make_clock
 from specterbench.engine.dense_copy import dense_spec, shared_dense
 from specterbench.engine.draft import QuantSpec, draft_label, shared_quantized
+from specterbench.engine.engine import Engine
 from specterbench.engine.host_clock import HostWallClock
+from specterbench.engine.numerics import router_margin
 from specterbench.engine.sampling import GREEDY, DecodeSetting
+from specterbench.errors import BudgetError, UsageError
 from specterbench.plugins.host import get_host
-
-# Nothing downloads at run time (DESIGN rule 7); an explicit user setting wins. Set before lm-eval and
-# ``datasets`` are imported, since ``datasets`` reads these variables once at import.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-import logging  # noqa: E402
-
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from lm_eval import utils as lm_utils  # noqa: E402
-from lm_eval.api.model import TemplateLM  # noqa: E402
-from lm_eval.api.registry import model_registry, register_model  # noqa: E402
-
-from specterbench.engine.engine import Engine  # noqa: E402
-from specterbench.errors import BudgetError, UsageError  # noqa: E402
-from specterbench.strategy import Request, RoutingCalibration  # noqa: E402
+from specterbench.strategy import Request, RoutingCalibration
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +90,18 @@ def calibrate(engine: Engine, host=None) -> RoutingCalibration:
     config = BenchConfig(models=(engine.name,), strategies=(), budgets=(), profile=DEFAULT_PROFILE)
     with tempfile.TemporaryDirectory(prefix="specterbench-calibrate-") as tmp:
         return Runner(host or get_host(), config, Path(tmp) / "run", env={}).calibrate(engine)
+
+
+class RouterMarginProbe(ReferenceStrategy):
+    """The reference, noting the smallest router top-k margin of every MoE layer it runs (``margin``, reset per
+    request by the caller): where it is a near-tie, a lossless strategy may route differently after any rounding."""
+
+    name = "reference"
+    version = "1"
+    margin = math.inf
+
+    def before_layer(self, layer, experts, tokens_per_expert):
+        self.margin = min(self.margin, router_margin(self.engine.routing.logits, self.engine.top_k))
 
 
 class SpecterbenchLM(TemplateLM):
@@ -136,6 +142,9 @@ class SpecterbenchLM(TemplateLM):
             if decode else GREEDY
 
         self.progress = str(progress).lower() not in ("false", "0", "no") and not is_quiet()
+        #: the reference's smallest router top-k margin per scored request (lm-eval's arguments), where its routing
+        #: came near a tie (:mod:`specterbench.engine.numerics`); filled by the reference variant only
+        self.router_margins: dict[tuple, float] = {}
         self._setup(options)
 
     # ---- setup -------------------------------------------------------------------------------------
@@ -151,7 +160,7 @@ class SpecterbenchLM(TemplateLM):
             if unknown:
                 raise UsageError(f"{self.variant!r} takes no option(s) {', '.join(unknown)}; it accepts: "
                                  f"{', '.join(allowed) or 'none'}")
-            self.strategy = ReferenceStrategy()
+            self.strategy = RouterMarginProbe() if self.variant == REFERENCE else ReferenceStrategy()
             self.budget_bytes = total
             engine.configure(self.strategy, total, HostWallClock())
             if self.variant == REFERENCE:
@@ -288,6 +297,15 @@ class SpecterbenchLM(TemplateLM):
         engine.begin_request(Request(f"lm-eval-{self._requests}", tuple(ids), 1))
         return engine.forward(x, kv, all_logits=True)
 
+    def _probe_start(self) -> None:
+        if isinstance(self.strategy, RouterMarginProbe):
+            self.strategy.margin = math.inf
+
+    def _probe_end(self, key) -> None:
+        """The reference's smallest router top-k margin while scoring the request ``key`` (lm-eval's arguments)."""
+        if isinstance(self.strategy, RouterMarginProbe) and key is not None:
+            self.router_margins[tuple(key)] = min(self.strategy.margin, self.router_margins.get(tuple(key), math.inf))
+
     def score_tokens(self, context: list[int], continuation: list[int]) -> tuple[float, bool]:
         """Log-probability of ``continuation`` after ``context`` and whether it is the greedy continuation."""
         ids = (context + continuation)[-(self.max_length + 1):]
@@ -308,7 +326,9 @@ class SpecterbenchLM(TemplateLM):
         out = []
         quiet = disable_tqdm or not self.progress
         for cache_key, context, continuation in tqdm(requests, disable=quiet, desc="specterbench ll"):
+            self._probe_start()
             result = self.score_tokens(list(context), list(continuation))
+            self._probe_end(cache_key)
             if cache_key is not None:
                 self.cache_hook.add_partial("loglikelihood", cache_key, result)
             out.append(result)
@@ -320,10 +340,12 @@ class SpecterbenchLM(TemplateLM):
         out = []
         for req in tqdm(requests, disable=disable_tqdm or not self.progress, desc="specterbench rolling"):
             (string,) = req.args
+            self._probe_start()
             windows = map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
                 token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
                 max_seq_len=self.max_length, context_len=1))
             total = sum(self.score_tokens(list(ctx), list(cont))[0] for ctx, cont in windows)
+            self._probe_end((string,))
             self.cache_hook.add_partial("loglikelihood_rolling", (string,), total)
             out.append(total)
         return out

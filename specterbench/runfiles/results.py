@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -110,6 +111,21 @@ class ResultRow:
         return strategy_label(self.strategy, self.extra.get("strategy_options"))
 
     @property
+    def note(self) -> str | None:
+        """What a reader of the table must know about this row that its numbers do not say, or None: a speculative
+        strategy that dropped its draft (then it is its own ablation from that point on)."""
+        if not self.extra.get("draft_released"):
+            return None
+        if not self.extra.get("tokens_per_window"):
+            return "draft released before its first window: it never speculated (the speculative ablation's row)"
+        return "draft released part-way: the windows before it speculated, the tokens after it did not"
+
+    @property
+    def display_label(self) -> str:
+        """The strategy as tables and plots show it: :attr:`strategy_label`, marked when the row has a note."""
+        return self.strategy_label + (" (draft released)" if self.extra.get("draft_released") else "")
+
+    @property
     def graphs_label(self) -> str:
         """``CUDA graphs`` when the decode replayed them, else ``eager`` (off, unavailable, or a row written before
         ``--cuda-graphs``: all of those ran every kernel eagerly)."""
@@ -184,13 +200,12 @@ def read_rows(path: Path, on_error: str = "stop", allow_empty: bool = False) -> 
     return rows
 
 
-def integrity_problems(rows: list[ResultRow], source) -> list[str]:
+def integrity_problems(rows: list[ResultRow], source, run_ids: set[str] | None = None) -> list[str]:
     """What makes ``rows`` of one run folder unsafe to report as one run, one line each (empty when sound): a
-    cell with more than one finished row (its numbers would count twice) and rows of another run id (a foreign
-    run's rows appended to this one). An error row followed by a row of the same cell is a resumed cell, not a
-    duplicate."""
-    from collections import Counter
-
+    cell with more than one finished row (its numbers would count twice) and rows of another run (a foreign run's
+    rows appended to this one). ``run_ids``: the runs the folder says it holds (:func:`~specterbench.runfiles.
+    rundir.run_ids`); without it, the run id most rows carry. An error row followed by a row of the same cell is a
+    resumed cell, not a duplicate."""
     problems = []
     finished = Counter(r.cell for r in rows if r.status != "error")
     twice = {cell: n for cell, n in finished.items() if n > 1}
@@ -200,9 +215,10 @@ def integrity_problems(rows: list[ResultRow], source) -> list[str]:
         problems.append(f"{source}: cell {cell!r} has {n} finished rows{more}; a cell is measured once — keep one "
                         f"row per cell (rows are counted once each here, so its numbers weigh {n} times)")
     ids = Counter(r.run_id for r in rows)
-    if len(ids) > 1:
-        main = ids.most_common(1)[0][0]
-        foreign = ", ".join(f"{rid!r} ({n} rows)" for rid, n in ids.items() if rid != main)
-        problems.append(f"{source}: rows of another run id among run {main!r}'s: {foreign}; rows of another run "
-                        f"were appended here — move them to their own folder")
+    own = run_ids if run_ids else {ids.most_common(1)[0][0]} if ids else set()
+    foreign = {rid: n for rid, n in ids.items() if rid not in own}
+    if foreign:
+        listed = ", ".join(f"{rid!r} ({n} rows)" for rid, n in foreign.items())
+        problems.append(f"{source}: rows of another run among run {', '.join(sorted(own))}'s: {listed}; rows of "
+                        f"another run were appended here — move them to their own folder")
     return problems

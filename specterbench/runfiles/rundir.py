@@ -26,7 +26,8 @@ LOCK = ".lock"
 PARTIAL = "rows.jsonl.partial"
 RUN_JSON_VERSION = 1
 # parsed options that do not shape the cells: never saved, never a conflict on resume
-NOT_SAVED = frozenset({"func", "command", "debug", "out", "run_id", "resume", "quiet", "wide", "argv", "profile_name"})
+NOT_SAVED = frozenset({"func", "command", "debug", "out", "run_id", "resume", "quiet", "wide", "argv", "profile_name",
+                       "run_folder", "claimed_folder"})
 FLAG_ALIASES = {"--strategy": "strategies"}
 
 
@@ -114,14 +115,47 @@ def check_same_grid(run_dir: Path, grid_path: str) -> None:
 
 
 def write_run_json(run_dir: Path, options: dict) -> Path:
-
+    """Save the run's options, and its identity: the run id its rows carry, fixed when the folder is made (so a
+    copied or renamed folder, resumed, goes on writing rows of the same run)."""
     path = run_dir / RUN_JSON
-    data = {"run_json_version": RUN_JSON_VERSION, "kind": "run", "specterbench": __version__,
+    identity = _saved(run_dir).get("run_id") or run_dir.name
+    data = {"run_json_version": RUN_JSON_VERSION, "kind": "run", "specterbench": __version__, "run_id": identity,
             "options": saved_options(options)}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def write_merged_run_json(run_dir: Path, run_ids) -> Path:
+    """Mark a folder that holds the rows of several runs on purpose (the gate's reference: one run per model)."""
+    path = run_dir / RUN_JSON
+    data = {"run_json_version": RUN_JSON_VERSION, "kind": "merged", "specterbench": __version__,
+            "run_ids": sorted(set(run_ids))}
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def _saved(run_dir: Path) -> dict:
+    try:
+        data = json.loads((Path(run_dir) / RUN_JSON).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def run_identity(run_dir: Path) -> str:
+    """The run id rows written into ``run_dir`` carry: the one saved when the folder was made, else its name."""
+    return str(_saved(run_dir).get("run_id") or Path(run_dir).name)
+
+
+def run_ids(run_dir: Path) -> set[str] | None:
+    """The run ids whose rows belong in ``run_dir`` (its own, or the parts of a merged folder); None when the folder
+    does not say (made before run.json recorded it)."""
+    data = _saved(run_dir)
+    if data.get("kind") == "merged":
+        return {str(r) for r in data.get("run_ids") or ()}
+    return {str(data["run_id"])} if data.get("run_id") else None
 
 
 def read_run_json(run_dir: Path) -> dict | None:
@@ -212,24 +246,38 @@ class RunLock:
 
 
 def repair_rows(run_dir: Path) -> int:
-    """Set aside a partial last line of ``rows.jsonl`` (a write cut off by a kill or a full disk) so that the next
-    row starts on a line of its own; returns the bytes set aside (0 when the file ends cleanly)."""
+    """Before a resume: set aside what is not a row of ``rows.jsonl`` — a partial last line (a write cut off by a kill
+    or a full disk) and any corrupt line — so that the run's own rows read back and the next row starts on a line of
+    its own. The cells of lines set aside run again. Returns the lines set aside."""
     path = Path(run_dir) / ROWS
     if not path.exists():
         return 0
     with open(path, "rb") as f:
-        data = f.read()
-    cut = data.rfind(b"\n") + 1
-    partial = data[cut:]
-    if not partial:
+        lines = f.read().split(b"\n")
+    keep, aside = [], []
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw.decode("utf-8"))
+            if not isinstance(data, dict) or "cell" not in data:
+                raise ValueError("not a row")
+            keep.append(raw)
+        except (UnicodeDecodeError, ValueError):
+            aside.append((number, raw))
+    if not aside:
         return 0
-    aside = path.with_name(PARTIAL)
-    with open(aside, "ab") as f:
-        f.write(partial + b"\n")
-    with open(path, "r+b") as f:
-        f.truncate(cut)
+    corrupt = path.with_name(PARTIAL)
+    with open(corrupt, "ab") as f:
+        for _, raw in aside:
+            f.write(raw + b"\n")
+    tmp = path.with_name(ROWS + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(b"".join(raw + b"\n" for raw in keep))
         f.flush()
         os.fsync(f.fileno())
-    warn(f"{path}: the last line was cut off ({len(partial)} bytes of an interrupted write); set aside in "
-         f"{aside.name}, every complete row is kept")
-    return len(partial)
+    os.replace(tmp, path)
+    where = ", ".join(str(n) for n, _ in aside[:5]) + (" ..." if len(aside) > 5 else "")
+    warn(f"{path}: line(s) {where} were not rows (cut off or corrupt); set aside in {corrupt.name}, every complete "
+         f"row is kept and those cells run again")
+    return len(aside)

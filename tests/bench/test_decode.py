@@ -27,6 +27,7 @@ class AcceptsOneWrongToken(Strategy):
     """A broken verifier: decodes like the target but accepts one token the target would not have sampled."""
 
     name = "accepts-one-wrong-token"
+    version = "1"
 
     def generate(self, engine, request):
         tokens = engine.decode(request)

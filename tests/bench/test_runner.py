@@ -62,6 +62,7 @@ def test_modeled_results_are_deterministic(host, small_prompts, tmp_path):
 
 class Exploding(Strategy):
     name = "exploding"
+    version = "1"
 
     def after_layer(self, layer, experts):
         raise RuntimeError("boom")
@@ -84,6 +85,7 @@ def test_a_strategy_that_raises_becomes_an_error_row_and_the_others_still_run(ho
 def test_a_lossless_strategy_that_diverges_fails_its_row_with_the_position(host, small_prompts, tmp_path):
     class Liar(Strategy):
         name = "liar"
+        version = "1"
 
         def generate(self, engine, request):
             tokens = engine.greedy_decode(request)
@@ -111,6 +113,7 @@ def test_resume_skips_finished_cells(host, small_prompts, tmp_path):
 def test_interrupt_keeps_finished_rows(host, small_prompts, tmp_path):
     class Interrupting(Strategy):
         name = "interrupting"
+        version = "1"
 
         def on_request_start(self, request):
             raise KeyboardInterrupt
@@ -129,13 +132,13 @@ def test_interrupt_keeps_finished_rows(host, small_prompts, tmp_path):
 
 @pytest.mark.parametrize("text, fraction, nbytes", [
     ("35%", 0.35, None), ("0.5", 0.5, None), ("120MB", None, 120_000_000), ("1.5GiB", None, int(1.5 * 2**30)),
-    ("123456", None, 123456)])
+    ("123456B", None, 123456), ("0%", 0.0, None)])
 def test_budget_strings(text, fraction, nbytes):
     b = parse_budget(text)
     assert (b.fraction, b.nbytes) == (fraction, nbytes)
 
 
-@pytest.mark.parametrize("text", ["lots", "35%%", "-3", "1.5x", "2.5"])
+@pytest.mark.parametrize("text", ["lots", "35%%", "-3", "1.5x", "2.5", "35"])
 def test_malformed_budget_names_the_forms(text):
     with pytest.raises(UsageError, match="budget"):
         parse_budget(text)

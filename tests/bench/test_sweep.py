@@ -32,12 +32,14 @@ FAILING = """
 
     class Raising(Strategy):
         name = "sweep-raising"
+        version = "1"
 
         def after_layer(self, layer, experts):
             raise RuntimeError("boom")
 
     class Crashing(Strategy):
         name = "sweep-crashing"
+        version = "1"
 
         def on_request_start(self, request):
             os._exit(3)  # the worker process dies mid-cell, as on a segfault or the OOM killer

@@ -28,6 +28,7 @@ def run(host, tmp_path, *classes, warmup=True, prompts=MEASURED):
 
 class Watcher(Strategy):
     name = "watcher"
+    version = "1"
     seen: list = []  # (request id, prompt ids, warming up) of every request, in order
 
     def on_request_start(self, request):
@@ -57,6 +58,7 @@ def test_the_warm_up_falls_back_to_a_separate_prompt_when_every_calibration_prom
 
 class Counts(Strategy):
     name = "counts-without-reset"
+    version = "1"
 
     def attach(self, engine):
         super().attach(engine)
@@ -71,6 +73,7 @@ class Counts(Strategy):
 
 class CountsWithReset(Counts):
     name = "counts-with-reset"
+    version = "1"
 
     def on_warmup_end(self):
         self.requests = 0
@@ -96,6 +99,7 @@ def test_every_shipped_strategy_with_metrics_restarts_them_after_the_warm_up(hos
 
 class EvictsRouted(Strategy):
     name = "evicts-routed"
+    version = "1"
 
     def before_layer(self, layer, experts, tokens_per_expert):
         key = (layer, int(experts[0]))
@@ -105,6 +109,7 @@ class EvictsRouted(Strategy):
 
 class PrefetchesNothing(Strategy):
     name = "prefetches-nothing"
+    version = "1"
 
     def before_layer(self, layer, experts, tokens_per_expert):
         self.engine.prefetch((layer, self.engine.num_experts))  # one past the last expert
@@ -112,6 +117,7 @@ class PrefetchesNothing(Strategy):
 
 class EvictsUncached(Strategy):
     name = "evicts-uncached"
+    version = "1"
 
     def after_layer(self, layer, experts):
         if layer == 1:

@@ -82,8 +82,8 @@ def rows_of(run_dir: Path) -> list[dict]:
     (["--clock", "wall"], "invalid choice: 'wall'"),
     (["--budgets", "lots"], "malformed budget 'lots'"),
     (["--budgets", "-5%"], "budget '-5%' is negative"),
-    (["--budgets", "0%"], "budget '0%' is zero"),
-    (["--budgets", "1.5"], "must be in (0, 1]"),
+    (["--budgets", "35"], "budget '35' has no unit; write 35% for a share"),
+    (["--budgets", "1.5"], "must be in [0, 1]"),
     (["--tokens", "0"], "--tokens must be a positive"),
     (["--tokens", "-3"], "--tokens must be a positive"),
     (["--prompts", "0"], "PROMPTS must be positive"),
@@ -264,7 +264,7 @@ def test_a_partial_last_row_is_set_aside_on_resume_and_every_complete_row_surviv
     (run_dir / "rows.jsonl").write_text(rows[0] + "\n" + rows[1][: len(rows[1]) // 2])  # killed mid-write
     code, _, err = cli("run", "--resume", run_dir, "--quiet")
     assert code == 0, err
-    assert "the last line was cut off" in err and "Traceback" not in err
+    assert "were not rows (cut off or corrupt)" in err and "Traceback" not in err
     after = rows_of(run_dir)
     assert len(after) == 2 and after[0] == json.loads(rows[0])
     assert (run_dir / rundir.PARTIAL).exists()
@@ -316,6 +316,7 @@ def test_an_unwritable_out_is_one_line(cli, tmp_path):
 # ---- summaries of runs without a GPU's TPOT ---------------------------------------------------------------
 class Boom(Strategy):
     name = "boom"
+    version = "1"
 
     def before_layer(self, layer, experts, n):
         if layer == 1:
@@ -414,11 +415,11 @@ def test_eval_with_a_malformed_budget_is_refused_before_anything_runs(cli, tmp_p
     (["--temperature", "0.5"], "--temperature shapes sampling, but --decode is greedy"),
     (["--strategies", "lru", "--set", "lru.nosuch=1"], "strategy 'lru' has no option 'nosuch'"),
     (["--bootstrap-iters", "-1"], "--bootstrap-iters must be >= 0"),
+    (["--strategies", "specter", "--set", "specter.k=abc"], "k"),
+    (["--tasks", "shakespeare_scrambel"], "shakespeare_scrambel"),
 ])
 def test_eval_options_are_checked_before_any_evaluation(cli, tmp_path, monkeypatch, args, message):
-    import specterbench.cli.quality as eval_cli
-
-    monkeypatch.setattr(eval_cli, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
+    monkeypatch.setattr("specterbench.quality.evaluate.run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
     line = refused(cli, "eval", "--model", MODEL, "--out", tmp_path, *args)
     assert message in line
     assert not list(tmp_path.iterdir())
@@ -458,7 +459,7 @@ def test_a_bad_sweep_option_is_one_line_before_anything_runs(cli, tmp_path, args
 def test_an_empty_name_is_refused_not_taken_for_the_default(cli, tmp_path, monkeypatch, args, message):
     import specterbench.cli.quality as eval_cli
 
-    monkeypatch.setattr(eval_cli, "run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
+    monkeypatch.setattr("specterbench.quality.evaluate.run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
     assert message in refused(cli, *args, "--out", tmp_path / "out")
 
 
@@ -534,6 +535,7 @@ def test_blocking_a_plugin_that_does_not_exist_warns(cli, monkeypatch):
 def test_a_misspelled_decision_point_is_refused_at_registration(cli, host):
     class Typo(Strategy):
         name = "typo-victim"
+        version = "1"
 
         def choose_victm(self, candidates, needed):  # never called by the engine
             return candidates[0]

@@ -50,6 +50,7 @@ def test_run_prints_the_table_and_writes_rows_and_summary(host, small_prompts, c
 def test_failed_row_gives_exit_1_and_keeps_the_other_rows(host, small_prompts, capsys, tmp_path):
     class Boom(Strategy):
         name = "boom"
+        version = "1"
 
         def before_layer(self, layer, experts, n):
             raise ValueError("bad strategy")

@@ -57,6 +57,7 @@ def test_cancel_frees_a_queued_copy_but_not_one_on_the_link(engine):
 def test_on_copy_landed_reports_each_landed_copy_once(engine):
     class Listener(Strategy):
         name = "listener"
+        version = "1"
         landed: list
 
         def on_copy_landed(self, key):
@@ -77,6 +78,7 @@ def test_router_signals_are_there_for_every_token_of_the_layer(engine):
 
     class Reader(Strategy):
         name = "reader"
+        version = "1"
 
         def before_layer(self, layer, experts, n):
             r = self.engine.routing
@@ -116,6 +118,7 @@ def test_the_cache_has_a_per_layer_view(engine):
 def test_warm_up_is_flagged_and_its_counts_are_dropped(engine):
     class Counter(Strategy):
         name = "counter"
+        version = "1"
         ended = False
 
         def on_warmup_end(self):
@@ -165,6 +168,7 @@ def test_a_one_token_layer_groups_like_a_longer_one():
 def test_released_device_bytes_go_to_the_cache_up_to_the_budget(engine):
     class Holder(Strategy):
         name = "holder"
+        version = "1"
 
         def device_bytes(self, engine):
             return 2 * engine.expert_bytes

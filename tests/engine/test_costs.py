@@ -82,6 +82,7 @@ def test_link_backlog_is_when_a_copy_issued_now_would_start(engine):
 def test_until_layer_is_when_that_layer_runs_when_every_expert_hits(engine):
     class Watch(Strategy):
         name = "watch"
+        version = "1"
 
         def prepare(self, engine, calibration=None):
             for key in engine.store.weights:

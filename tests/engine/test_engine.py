@@ -91,6 +91,7 @@ def test_budget_below_one_forward_is_refused(engine):
 def test_device_bytes_of_a_strategy_are_charged_to_the_budget(engine):
     class Holder(Strategy):
         name = "holder"
+        version = "1"
 
         def device_bytes(self, engine):
             return 2 * engine.expert_bytes
@@ -109,6 +110,7 @@ def test_prefetch_beyond_the_budget_is_declined(engine):
 def test_evicting_the_expert_in_use_is_refused(engine):
     class Rogue(Strategy):
         name = "rogue"
+        version = "1"
 
         def before_layer(self, layer, experts, n):
             self.engine.cache.in_use = (layer, experts[0])
@@ -123,6 +125,7 @@ def test_evicting_the_expert_in_use_is_refused(engine):
 def test_a_victim_outside_the_candidates_is_refused(engine):
     class Wrong(Strategy):
         name = "wrong"
+        version = "1"
 
         def choose_victim(self, candidates, needed):
             return (1, 7)

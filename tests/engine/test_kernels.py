@@ -21,6 +21,7 @@ RESIDENT_LIMITS = {"qwen1.5-moe": 1300, "deepseek-v2-lite": 1500}  # ops per dec
 
 class AllResident(Strategy):
     name = "all-resident"
+    version = "1"
 
     def min_cache_bytes(self, engine):
         return engine.total_expert_bytes
@@ -93,6 +94,7 @@ def test_experts_run_elsewhere_take_their_rows_of_the_grouped_op(engine, mode):
 
     class HostOdd(Strategy):
         name = "host-odd"
+        version = "1"
 
         def place_miss(self, key, n_tokens):
             return ON_HOST
@@ -162,6 +164,7 @@ def test_the_cost_model_charges_the_draft_step_and_the_verification_it_counts(en
 def test_a_grown_pool_keeps_its_experts_and_computes_the_same(engine):
     class Holder(Strategy):
         name = "holder"
+        version = "1"
 
         def device_bytes(self, engine):
             return 4 * engine.expert_bytes

@@ -89,6 +89,7 @@ class OnHost(Strategy):
     """Every miss of layer 0 on the host, the rest fetched (a host path and a device path in the same forward)."""
 
     name = "on-host-layer-0"
+    version = "1"
 
     def place_miss(self, key, n_tokens):
         return ON_HOST if key[0] == 0 else super().place_miss(key, n_tokens)

@@ -83,8 +83,10 @@ def test_cpu_experts_clamps_threads_with_a_warning(engine):
 
 
 def test_host_compute_overlaps_device_compute():
-    from test_timeline import GEO
+    from specterbench.engine.geometry import Geometry
 
+    GEO = Geometry("g", hidden=8, expert_intermediate=8, num_experts=4, top_k=2, moe_layers=1, layers=1, heads=1,
+                   kv_heads=1, head_dim=8, vocab=16)
     profile = default_profile()
     host = HostProfile("h", "cpu", mem_bytes_per_s=1e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",))
     clock = ModeledClock(profile, GEO, host)

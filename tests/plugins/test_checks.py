@@ -19,6 +19,7 @@ def refusal(cls) -> str:
 def test_a_misspelled_decision_point_names_the_class_method_and_the_closest_signature():
     class Typo(Strategy):
         name = "typo"
+        version = "1"
 
         def choose_victm(self, candidates, needed):
             return candidates[-1]
@@ -31,6 +32,7 @@ def test_a_misspelled_decision_point_names_the_class_method_and_the_closest_sign
 def test_the_closest_name_comes_with_its_signature_without_annotations():
     class Typo(Strategy):
         name = "typo"
+        version = "1"
 
         def before_layr(self, layer, experts, tokens_per_expert):
             pass
@@ -41,6 +43,7 @@ def test_the_closest_name_comes_with_its_signature_without_annotations():
 def test_a_decision_point_that_cannot_take_the_engines_arguments_shows_how_it_is_called():
     class TooFew(Strategy):
         name = "too-few"
+        version = "1"
 
         def before_layer(self, layer):
             pass
@@ -53,6 +56,7 @@ def test_a_decision_point_that_cannot_take_the_engines_arguments_shows_how_it_is
 def test_an_extra_required_argument_is_refused_and_an_optional_one_is_not():
     class Extra(Strategy):
         name = "extra"
+        version = "1"
 
         def after_layer(self, layer, experts, stats):
             pass
@@ -61,6 +65,7 @@ def test_an_extra_required_argument_is_refused_and_an_optional_one_is_not():
 
     class Optional(Strategy):
         name = "optional"
+        version = "1"
 
         def after_layer(self, layer, experts, stats=None):
             pass
@@ -71,6 +76,7 @@ def test_an_extra_required_argument_is_refused_and_an_optional_one_is_not():
 def test_prepare_must_accept_the_calibration_argument():
     class NoCalibration(Strategy):
         name = "no-calibration"
+        version = "1"
 
         def prepare(self, engine):
             pass
@@ -81,6 +87,7 @@ def test_prepare_must_accept_the_calibration_argument():
 def test_a_prepare_written_for_calibration_counts_says_what_changed():
     class Old(Strategy):
         name = "old"
+        version = "1"
         uses_calibration = True
 
         def prepare(self, engine, calibration_counts=None):
@@ -94,6 +101,7 @@ def test_a_prepare_written_for_calibration_counts_says_what_changed():
 def test_a_misspelled_contract_attribute_is_refused_with_its_default():
     class Lossy(Strategy):
         name = "lossy"
+        version = "1"
         losless = False
 
     assert "Lossy.losless is not a Strategy attribute and would be ignored; did you mean lossless (default True)?" \
@@ -103,12 +111,14 @@ def test_a_misspelled_contract_attribute_is_refused_with_its_default():
 def test_a_flag_of_the_wrong_type_is_refused():
     class Stringly(Strategy):
         name = "stringly"
+        version = "1"
         lossless = "no"
 
     assert "Stringly.lossless = 'no' must be True or False" in refusal(Stringly)
 
     class Fraction(Strategy):
         name = "fraction"
+        version = "1"
         fixed_budget_fraction = 50
 
     assert "must be None or a fraction of expert bytes in (0, 1]" in refusal(Fraction)
@@ -117,6 +127,7 @@ def test_a_flag_of_the_wrong_type_is_refused():
 def test_a_decision_point_that_is_not_a_method_is_refused():
     class Disabled(Strategy):
         name = "disabled"
+        version = "1"
         on_miss = None
 
     assert "Disabled.on_miss is NoneType, not a method; the engine calls on_miss(self, key" in refusal(Disabled)
@@ -163,12 +174,14 @@ def test_flexible_signatures_helpers_and_own_attributes_are_accepted():
 def test_inherited_classes_are_checked_but_not_the_base():
     class Base(Strategy):
         name = "base"
+        version = "1"
 
         def on_step_ed(self, new_tokens):
             pass
 
     class Child(Base):
         name = "child"
+        version = "1"
 
     assert "Base.on_step_ed is not a decision point" in refusal(Child)
 
@@ -186,6 +199,7 @@ def test_every_registered_strategy_passes_the_checks(host):
 def test_the_host_refuses_a_misspelled_strategy_when_its_plugin_registers(host):
     class Typo(Strategy):
         name = "check-typo"
+        version = "1"
 
         def choose_victm(self, candidates, needed):
             return candidates[0]
@@ -198,3 +212,19 @@ def test_the_host_refuses_a_misspelled_strategy_when_its_plugin_registers(host):
     host.register(Plugin(), "typo-plugin")
     with pytest.raises(UsageError, match=r"typo-plugin.*choose_victm.*choose_victim"):
         host.strategies().entry("check-typo")
+
+
+def test_a_strategy_without_a_version_of_its_own_is_refused_and_one_inherited_from_a_plugin_class_is_not():
+    class Unversioned(Strategy):
+        name = "unversioned"
+
+    assert "Unversioned sets no version; set version = '1'" in refusal(Unversioned)
+
+    class Versioned(Strategy):
+        name = "versioned"
+        version = "2"
+
+    class Child(Versioned):
+        name = "child"
+
+    check_strategy(Child, "my-plugin")  # its plugin's own base says the version

@@ -32,6 +32,7 @@ class Broken(Strategy):
 
 class TakesLru(Strategy):
     name = "lru"  # a built-in's name
+    version = "1"
 
 
 class Fine(Strategy):
@@ -88,6 +89,7 @@ def test_a_third_party_name_clashing_with_a_built_in_loses_even_when_it_loads_fi
 
         class MyLru(Strategy):
             name = "lru"
+            version = "1"
 
         @hookimpl
         def specterbench_register_strategies(register):

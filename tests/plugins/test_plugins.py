@@ -107,6 +107,7 @@ def test_a_misspelled_hook_fails_loudly(host):
 def test_a_duplicate_strategy_name_names_both_plugins_and_keeps_the_first(host, capsys):
     class Dup(Strategy):
         name = "lru"
+        version = "1"
 
     class P:
         @hookimpl
@@ -128,6 +129,7 @@ def test_unknown_names_suggest_the_closest(host):
 def test_register_then_unregister_restores_the_registry(host):
     class Extra(Strategy):
         name = "extra"
+        version = "1"
 
     class P:
         @hookimpl

@@ -12,11 +12,13 @@ pytest.importorskip("lm_eval")
 from specterbench import Strategy, hookimpl  # noqa: E402
 from specterbench.cli.quality import add_parser  # noqa: E402
 from specterbench.errors import UsageError  # noqa: E402
-from specterbench.quality.evaluate import compare_samples, resolve_tasks  # noqa: E402
+from specterbench.quality.eval_rows import SampleComparison, compare_samples  # noqa: E402
+from specterbench.quality.evaluate import resolve_tasks  # noqa: E402
 
 
 class Boom(Strategy):
     name = "test-boom"
+    version = "1"
     description = "raises inside the engine (test plugin)"
 
     def before_layer(self, layer, experts, tokens_per_expert):
@@ -25,6 +27,7 @@ class Boom(Strategy):
 
 class Liar(Strategy):
     name = "test-liar"
+    version = "1"
     description = "claims to be lossless but shifts every generated token (test plugin)"
 
     def generate(self, engine, request):
@@ -47,7 +50,7 @@ def eval_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    args = parser.parse_args(["eval", "--model", "tiny-random-mixtral", "--strategies", "test-boom,test-liar,lru",
+    args = parser.parse_args(["eval", "--model", "tiny-random-mixtral", "--strategies", "test-boom,test-liar,lru,cpu-experts",
                               "--tasks", "shakespeare_scramble,shakespeare_complete", "--limit", "2",
                               "--drafts", "nf4/b64,int3/g128,int3/g128+d8", "--out", str(out), "--run-id", "t",
                               "--quiet"])
@@ -76,6 +79,15 @@ def test_eval_prints_the_quality_table_with_reference_strategy_and_draft_rows(ev
     assert whole["status"] == "ok" and "| draft (int3/g128 + dense int8/channel, alone)" in stdout
     assert whole["info"]["draft_device_bytes"] > int3["info"]["draft_device_bytes"]
     assert (run_dir / "eval.md").read_text().count("| tiny-random-mixtral | reference ") == 2
+
+
+def test_a_host_executing_strategy_passes_the_lossless_check_within_numerics(eval_run):
+    _, _, _, rows, _ = eval_run
+    for task in ("shakespeare_scramble", "shakespeare_complete"):
+        row = rows[("cpu-experts", task)]
+        assert row["status"] == "ok", row["error"]
+        assert row["check"].startswith(("identical", "equal within numerics"))
+        assert row["info"]["samples_bit_identical"] + row["info"]["samples_within_numerics"] == 2
 
 
 def test_a_lossless_strategy_whose_samples_differ_fails_the_run(eval_run):
@@ -114,11 +126,14 @@ def test_sample_comparison_is_exact_and_counts_agreeing_decisions():
         return {"doc_id": doc_id, "resps": [[(ll, False)] for ll in lls], "filtered_resps": [(ll, False) for ll in lls]}
 
     ref = [sample(0, [-1.0, -2.0]), sample(1, [-3.0, -1.5])]
-    assert compare_samples([sample(0, [-1.0, -2.0]), sample(1, [-3.0, -1.5])], ref) == (0, 2, None, 1.0)
+    same = compare_samples([sample(0, [-1.0, -2.0]), sample(1, [-3.0, -1.5])], ref)
+    assert same == SampleComparison(total=2, bit_identical=2, beyond=0, first=None, agreement=1.0)
     nudged = [sample(0, [-1.0000001, -2.0]), sample(1, [-3.0, -1.5])]
-    assert compare_samples(nudged, ref) == (1, 2, 0, 1.0)  # one differs by a hair, same choices
+    assert compare_samples(nudged, ref) == SampleComparison(2, 1, 1, 0, 1.0)  # exactly: a hair is a difference
+    within = compare_samples(nudged, ref, tolerance=lambda s: 1e-6)
+    assert (within.bit_identical, within.within_numerics, within.beyond) == (1, 1, 0)  # within numerics
     flipped = [sample(0, [-1.0, -2.0]), sample(1, [-1.0, -1.5])]
-    assert compare_samples(flipped, ref) == (1, 2, 1, 0.5)
+    assert compare_samples(flipped, ref, tolerance=lambda s: 1e-6) == SampleComparison(2, 1, 1, 1, 0.5)
 
 
 def test_shipped_task_items_are_well_formed():

@@ -158,7 +158,7 @@ def doctor(run_dir: Path, how: str) -> None:
 
 
 @pytest.mark.parametrize("how, needle", [("duplicate", "has 2 finished rows"),
-                                         ("foreign", "rows of another run id among run 'r''s: 'another-run'")])
+                                         ("foreign", "rows of another run among run r's: 'another-run'")])
 def test_report_flags_a_duplicated_cell_or_a_foreign_row(cli, tmp_path, finished, how, needle):
     run_dir = copy_run(finished, tmp_path / "r")
     doctor(run_dir, how)
@@ -178,7 +178,7 @@ def test_gate_fails_on_a_foreign_row(cli, tmp_path, finished):
     run_dir = copy_run(finished, tmp_path / "r")
     doctor(run_dir, "foreign")
     code, out, err = cli("gate", run_dir, "--rule", "speedup strategy=lru over=on-demand metric=tpot_ms min=0.001")
-    assert code == 1 and "rows of another run id" in out, out + err
+    assert code == 1 and "rows of another run among" in out, out + err
 
 
 def test_a_resumed_error_cell_is_not_a_duplicate(tmp_path, finished):

@@ -55,12 +55,6 @@ class Nondeterministic(Strategy):
         return random.SystemRandom().choice(candidates)
 
 
-class Unversioned(Strategy):
-    """Sets no version of its own."""
-
-    name = "broken-unversioned"
-
-
 class LeaksState(Strategy):
     """Carries the last token of one request into the next."""
 
@@ -76,7 +70,7 @@ class LeaksState(Strategy):
 
 @hookimpl
 def specterbench_register_strategies(register):
-    for cls in (OverBudget, EvictsInUse, Nondeterministic, Unversioned, LeaksState):
+    for cls in (OverBudget, EvictsInUse, Nondeterministic, LeaksState):
         register(cls)
 '''
 
@@ -86,7 +80,6 @@ CAUGHT = [  # (strategy, the one rule it breaks, what the failure says)
     ("broken-over-budget", "test_budget_is_never_exceeded", "cache capacity changed"),
     ("broken-evicts-in-use", "test_no_expert_in_use_is_evicted", "which the running layer is routed to"),
     ("broken-nondeterministic", "test_runs_are_deterministic_with_a_seed", "two runs with seed 1234 gave"),
-    ("broken-unversioned", "test_reports_a_name_and_a_version", "must set its own `version`"),
     ("broken-leaks-state", "test_state_resets_between_requests", "reset per-request state in on_request_start"),
 ]
 
