@@ -76,13 +76,31 @@ def resolve_checkpoint(preset: str) -> "Path":
             return Path(snapshot_download(repo_id, local_files_only=True))
         except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
             looked.append(f"{constants.HF_HUB_CACHE} ({repo_id})")
-    stand_in = EMBEDDED_STAND_IN.get(preset, "tiny-qwen-moe")
-    stand_in = stand_in if stand_in in embedded.EMBEDDED_MODELS else "tiny-qwen-moe"
+    stand_in = stand_in_of(preset)
     raise ModelError(
         f"{preset}: no local checkpoint of {' or '.join(repo_ids)}; looked in {'; '.join(looked)}. Download it "
         f"where there is network (`huggingface-cli download {repo_ids[0]}`) and pass --model-path DIR or set "
         f"{MODEL_PATH_ENV}, or run the shipped model priced at its sizes: make bench MODEL={stand_in} "
         f"GEOMETRY={preset}")
+
+
+def stand_in_of(preset: str) -> str:
+    """The shipped stand-in whose routing stands in for ``preset`` (priced at the preset's sizes)."""
+    stand_in = EMBEDDED_STAND_IN.get(preset, "tiny-qwen-moe")
+    return stand_in if stand_in in embedded.EMBEDDED_MODELS else "tiny-qwen-moe"
+
+
+def checkpoint_or_stand_in(preset: str) -> str | None:
+    """None when ``preset``'s checkpoint is on this machine; else the one line that says the shipped stand-in runs
+    in its place, priced at the preset's sizes, and how to run the real one."""
+    try:
+        resolve_checkpoint(preset)
+        return None
+    except ModelError:
+        repo = REAL_PRESETS[preset][0][0]
+        return (f"no local checkpoint of {repo}: running the shipped stand-in {stand_in_of(preset)} priced at "
+                f"{preset}'s sizes (a modeled projection); for the real model give --model-path DIR (make bench "
+                f"MODEL={preset} BENCH_ARGS=\"--model-path DIR\")")
 
 
 def load_checkpoint(path, dtype=torch.bfloat16):

@@ -7,6 +7,7 @@ prompt sets and lm-eval tasks) and write random checkpoints for tests.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -54,6 +55,16 @@ def add_parser(sub) -> None:
         s.add_argument("--out", type=Path, default=None, help="folder to write (default: the package's)")
         s.add_argument("--check", action="store_true", help="fail if the files in --out differ from a fresh build")
         s.set_defaults(func=cmd_make_files)
+
+    s = sub.add_parser("readme", help="(maintainers) write README.md's example table from a run (make readme); "
+                       "--check: fail when it is stale (make readme-check, in CI)")
+    s.add_argument("run_dir", help="the run whose rows the table shows (make readme: results/reference)")
+    s.add_argument("--model", required=True, help="the model whose rows are shown")
+    s.add_argument("--strategies", required=True, help="the strategies shown, in order (comma-separated)")
+    s.add_argument("--command", required=True, help="the command line that made the run, shown above the table")
+    s.add_argument("--readme", type=Path, default=Path("README.md"))
+    s.add_argument("--check", action="store_true", help="exit 1 when the README's section differs from a fresh one")
+    s.set_defaults(func=cmd_readme)
 
     s = sub.add_parser("random-checkpoint", help="(tests) write a random-init checkpoint of a supported family "
                        "for --model-path")
@@ -130,6 +141,29 @@ def cmd_make_files(args) -> int:
             path.write_text(text, encoding="utf-8")
             print(f"wrote {path} ({len(rows)} items)")
     return status
+
+
+def cmd_readme(args) -> int:
+    from specterbench.analysis.readme import example, splice
+    from specterbench.runfiles.results import read_rows
+
+    strategies = tuple(x.strip() for x in args.strategies.split(",") if x.strip())
+    section = example(read_rows(Path(args.run_dir)), args.model, strategies, " ".join(args.command.split()))
+    try:
+        text = args.readme.read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"cannot read {args.readme} ({err.strerror or err}); give --readme PATH") from None
+    fresh = splice(text, section, args.readme)
+    if args.check:
+        if fresh != text:
+            print(f"specterbench: {args.readme}'s example table is stale (its run or its command changed); "
+                  f"regenerate it with make readme", file=sys.stderr)
+            return 1
+        print(f"{args.readme}: the example table is up to date")
+        return 0
+    args.readme.write_text(fresh, encoding="utf-8")
+    print(f"written: {args.readme} (example table of {args.model} from {args.run_dir})")
+    return 0
 
 
 def cmd_random_checkpoint(args) -> int:

@@ -70,6 +70,7 @@ def _run_folder(args, argv: list[str], host) -> Path:
         _local_files(args, host, argv)
         return run_dir
     _local_files(args, host, argv)
+    _stand_in_for_a_missing_preset(args)
     if not csv_list(args.model):
         raise UsageError("--model is empty; name a model (e.g. --model tiny-qwen-moe; `specterbench list` shows "
                          "them)")
@@ -106,6 +107,26 @@ def _local_files(args, host, argv: list[str]) -> None:
         os.environ[MODEL_PATH_ENV] = args.model_path
     else:
         args.model = host.register_local_model(args.model_path)
+
+
+def _stand_in_for_a_missing_preset(args) -> None:
+    """``--model mixtral`` on a machine without its checkpoint (and no ``--model-path``) runs the shipped stand-in
+    priced at Mixtral-8x7B's sizes, saying so in one line; on the modeled clock only (a measured run of a stand-in
+    would time the stand-in, not the model)."""
+    from specterbench.catalog.models import REAL_PRESETS, checkpoint_or_stand_in, stand_in_of
+    from specterbench.plugins.host import note
+
+    models = csv_list(args.model)
+    if len(models) != 1 or models[0] not in REAL_PRESETS or args.model_path or args.clock != "modeled":
+        return
+    preset = models[0]
+    line = checkpoint_or_stand_in(preset)
+    if line is None:
+        return
+    note(line)
+    args.model = stand_in_of(preset)
+    if args.geometry in (None, "", "auto"):
+        args.geometry = preset
 
 
 def _writable(run_dir: Path) -> None:

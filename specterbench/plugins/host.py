@@ -143,6 +143,11 @@ def hook_names() -> list[str]:
     return sorted(n for n in vars(hookspecs) if n.startswith("specterbench_"))
 
 
+def note(message: str) -> None:
+    """A one-line note on stderr: something the user should know that is not a problem."""
+    print(f"specterbench: note: {message}", file=sys.stderr, flush=True)
+
+
 def warn(message: str) -> None:
     """A one-line warning on stderr (not :mod:`warnings`: users should see it once, without a source line)."""
     print(f"specterbench: warning: {message}", file=sys.stderr, flush=True)

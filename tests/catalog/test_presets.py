@@ -62,3 +62,20 @@ def test_a_checkpoint_without_moe_names_the_supported_families(tmp_path, monkeyp
 
     with pytest.raises(ModelError, match="supported families: mixtral"):
         load_checkpoint(resolve_checkpoint("mixtral"))
+
+
+def test_a_preset_without_a_local_checkpoint_runs_its_stand_in_at_the_presets_sizes_and_says_so(tmp_path, capsys,
+                                                                                                 monkeypatch):
+    import huggingface_hub.constants as constants
+
+    from specterbench.cli import main
+    from specterbench.runfiles.results import read_rows
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-hub"))
+    monkeypatch.delenv(MODEL_PATH_ENV, raising=False)
+    assert main(["run", "--model", "mixtral", "--strategies", "lru", "--budgets", "50%", "--tokens", "3",
+                 "--prompts", "1", "--out", str(tmp_path), "--run-id", "r", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "no local checkpoint of mistralai/Mixtral-8x7B-v0.1: running the shipped stand-in tiny-mixtral" in err
+    (row,) = read_rows(tmp_path / "r")
+    assert (row.model, row.geometry) == ("tiny-mixtral", "mixtral")
