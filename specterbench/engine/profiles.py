@@ -116,7 +116,8 @@ def _check_fields(profile, kind: str, may_be_zero: tuple[str, ...] = ()) -> None
 def _from_dict(cls, data: dict, kind: str):
     """A profile from plain data (a TOML table); a missing or unknown field is named in one line."""
     names = [f.name for f in dataclasses.fields(cls)]
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.default is dataclasses.MISSING]
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in data and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
     if missing:
         raise UsageError(f"{kind} {data.get('name', '?')!r} is missing field(s) {', '.join(missing)}; "
                          f"a {kind} needs: {', '.join(names)}")
@@ -155,10 +156,42 @@ class HostProfile:
     # on this host: below DRAM's rate where the CPU has no native bf16 dot product (AVX512_BF16). Priced only for
     # cpu-experts.torch_bf16 (Fiddler's CPU path); None: not stated (that option is then refused in one line)
     torch_bf16_bytes_per_s: float | None = None
+    # the host's MoE expert kernels by weight precision (KTransformers' kt-kernel, llama.cpp's ggml CPU kernels):
+    # ``isa`` the widest instruction set they use (amx | avx512 | avx2); ``kernel_flops_per_s`` the sustained FLOP/s
+    # of one precision's expert GEMM on all threads (what a prefill is bound by); ``kernel_bytes_per_s`` the weight
+    # bytes/s its decode GEMV streams (at most DRAM's). Precisions: bf16, int8, int4. A strategy that prices host
+    # experts with these (n-cpu-moe, kt-hybrid) refuses a host profile without the precision it needs, in one line.
+    isa: str | None = None
+    kernel_flops_per_s: dict = dataclasses.field(default_factory=dict)
+    kernel_bytes_per_s: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_fields(self, "host profile", may_be_zero=("launch_us",))
         _check_optional_rate(self, "host profile", "torch_bf16_bytes_per_s", "bytes/s")
+        if self.isa is not None and self.isa not in HOST_ISAS:
+            raise UsageError(f"host profile {self.name!r}: isa {self.isa!r} is not one of {', '.join(HOST_ISAS)}; "
+                             f"give the widest instruction set its expert kernels use, or leave it out")
+        for table in ("kernel_flops_per_s", "kernel_bytes_per_s"):
+            rates = getattr(self, table)
+            if not isinstance(rates, dict):
+                raise UsageError(f"host profile {self.name!r}: {table} must be a table of precision = rate")
+            for precision, v in rates.items():
+                if precision not in KERNEL_PRECISIONS:
+                    raise UsageError(f"host profile {self.name!r}: {table}.{precision} names no precision; use "
+                                     f"{', '.join(KERNEL_PRECISIONS)}")
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                    raise UsageError(f"host profile {self.name!r}: {table}.{precision} must be a finite number > 0, "
+                                     f"got {v!r}; state the measured rate with its source, or leave it out")
+
+    def kernel_rates(self, precision: str, used_by: str) -> tuple[float, float]:
+        """``(FLOP/s, weight bytes/s)`` of the host's expert kernel at ``precision``; a one-line UsageError naming
+        the missing figure when the profile does not state both."""
+        missing = [t for t in ("kernel_flops_per_s", "kernel_bytes_per_s") if precision not in getattr(self, t)]
+        if missing:
+            raise UsageError(f"host profile {self.name!r} states no {' or '.join(f'{m}.{precision}' for m in missing)}"
+                             f", which {used_by} prices the host's {precision} experts with; add the measured rate "
+                             f"(with its source) to the host profile file, or choose another --host-profile")
+        return float(self.kernel_flops_per_s[precision]), float(self.kernel_bytes_per_s[precision])
 
     def torch_bf16_rate(self) -> float:
         """The PyTorch bf16 expert rate, or a one-line UsageError when this host profile does not state it."""
@@ -171,6 +204,8 @@ class HostProfile:
 
 
 DEFAULT_HOST_PROFILE = "desktop-ddr5"
+HOST_ISAS = ("amx", "avx512", "avx2")
+KERNEL_PRECISIONS = ("bf16", "int8", "int4")
 
 
 # ---- profile files -----------------------------------------------------------------------------------------------
@@ -192,6 +227,8 @@ def _toml_value(v) -> str:
         return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
 
 
