@@ -156,6 +156,13 @@ class Strategy:
         accepts every budget (``configure`` still refuses one below :meth:`min_cache_bytes`)."""
 
     @classmethod
+    def min_budget(cls, engine: "Engine", options: dict) -> int:
+        """The least budget this strategy can run at, known before a cell starts (checked for every budget of a
+        run). The default: one forward's experts, ``engine.min_budget_bytes()``; a strategy that computes every
+        expert on the host may return 0."""
+        return engine.min_budget_bytes()
+
+    @classmethod
     def check_profile(cls, profile: "HardwareProfile", options: dict) -> None:
         """Refuse a hardware profile the modeled clock cannot price this strategy on (with these options) before
         the run starts: raise :class:`UsageError` with one line naming the missing figure. The default accepts

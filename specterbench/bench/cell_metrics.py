@@ -56,6 +56,8 @@ def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
     row.hit_rate = st.hits / (st.hits + st.misses) if st.hits + st.misses else None
     row.h2d_bytes, row.demand_bytes, row.prefetch_bytes = st.h2d_bytes, st.demand_bytes, st.prefetch_bytes
     row.h2d_bytes_per_token = st.h2d_bytes / tokens if tokens else None
+    decode_bytes = sum(s.h2d_bytes for samples in all_samples for s in samples[1:])
+    row.decode_h2d_bytes_per_token = decode_bytes / decode_tokens if decode_tokens else None
     row.d2h_bytes = st.d2h_bytes
     row.prefetch_issued, row.prefetch_used, row.prefetch_wasted = (st.prefetch_issued, st.prefetch_used,
                                                                    st.prefetch_wasted)

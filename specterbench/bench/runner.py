@@ -401,13 +401,12 @@ class Runner:
         check_device_memory(engine, self.cell_budgets(engine), longest, self.config.tokens, free)  # pragma: no cover
 
     def check_budgets(self, engine: Engine) -> None:
-        total, need = engine.total_expert_bytes, engine.min_budget_bytes()
+        """Every budget within the model's expert bytes and, for each strategy, at or above the least it can run
+        with (:meth:`~specterbench.strategy.Strategy.min_budget`: one forward's top-k experts for most; nothing for
+        those that compute every expert on the host): one line naming the strategy and the floor otherwise."""
+        total = engine.total_expert_bytes
         for b in self.config.budgets:
             nbytes = b.resolve(total)
-            if nbytes < need:
-                raise BudgetError(f"budget {b.text} = {nbytes} bytes is below what one forward needs on "
-                                  f"{engine.name} (top-{engine.top_k} experts of a layer = {need} bytes, "
-                                  f"{need / total:.1%}); raise it")
             if nbytes > total:
                 raise BudgetError(f"budget {b.text} = {nbytes} bytes is above all expert bytes of {engine.name} "
                                   f"({total}); use at most 100% (the 'resident' strategy covers that case)")
@@ -415,8 +414,18 @@ class Runner:
             cls = self.host.strategies().get(name)
             if cls.fixed_budget_fraction is not None:
                 continue
+            options = dict(self.config.strategy_options.get(name, {}))
+            floor = cls.min_budget(engine, options)
             for b in self.config.budgets:
-                cls.check_budget(engine, b.resolve(total), dict(self.config.strategy_options.get(name, {})))
+                nbytes = b.resolve(total)
+                if nbytes < floor:
+                    able = [n for n in self.config.strategies if n != name
+                            and self.host.strategies().get(n).min_budget(engine, {}) <= nbytes]
+                    raise BudgetError(f"budget {b.text} = {nbytes} bytes is below what {name} needs on {engine.name} "
+                                      f"({floor} bytes, {floor / total:.1%}: top-{engine.top_k} experts of a layer); "
+                                      f"raise it, or drop {name} from this budget"
+                                      + (f" ({', '.join(able)} can run it)" if able else ""))
+                cls.check_budget(engine, nbytes, options)
 
     # ---- reference and calibration -----------------------------------------------------------------
     def _resident_pass(self, engine: Engine, prompts, tokens: int):

@@ -67,6 +67,7 @@ class StepSample:
     clock_s: float
     wall_s: float
     stall_s: float = 0.0  # compute-stream stall since the last sample (the first sample of a request: prefill)
+    h2d_bytes: int = 0  # host->device bytes the link carried since the last sample
 
 
 @dataclass(slots=True)
@@ -449,15 +450,15 @@ class Engine(CacheControl):
         self.clock.settle()
         self.samples = []
         self.clock.sync()
-        self._mark = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s)
+        self._mark = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self.strategy.on_request_start(request)
 
     def emit(self, n_tokens: int) -> None:
         """Record that ``n_tokens`` became available to the user since the last mark (first call: TTFT)."""
         self.clock.sync()
-        now = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s)
+        now = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self.samples.append(StepSample(n_tokens, now[0] - self._mark[0], now[1] - self._mark[1],
-                                       max(0.0, now[2] - self._mark[2])))
+                                       max(0.0, now[2] - self._mark[2]), now[3] - self._mark[3]))
         self._mark = now
         self._deliver_landed()
 

@@ -68,6 +68,7 @@ class ResultRow:
     token_agreement: float | None = None
     tpot_ms: float | None = None  # median over decode tokens (after the first); None on the host clock
     tpot_p90_ms: float | None = None
+    decode_h2d_bytes_per_token: float | None = None  # host->device bytes per token after the first (prefill apart)
     tpot_mean_ms: float | None = None  # mean over decode tokens (decode time / tokens: what the gate ratchets)
     ttft_ms: float | None = None
     tokens_per_s: float | None = None

@@ -1,0 +1,89 @@
+"""llama.cpp's layer split (``n-cpu-moe``) and KTransformers' hybrid (``kt-hybrid``): what stays on the device, what
+runs on the host, nothing copied during decode, and one line for each bad option."""
+
+import pytest
+
+from specterbench.bench.budget import parse_budget
+from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.errors import BudgetError, UsageError
+from specterbench.runfiles.results import read_rows
+
+MODEL = "tiny-random-mixtral"  # 2 MoE layers, 8 experts, top-2
+
+
+def run(host, small_prompts, tmp_path, strategy, budgets=("50%",), options=None, tokens=6):
+    config = BenchConfig(models=(MODEL,), strategies=(strategy,), budgets=tuple(parse_budget(b) for b in budgets),
+                         profile="a100-40g-pcie4", tokens=tokens, prompts=2,
+                         strategy_options={strategy: options or {}})
+    Runner(host, config, tmp_path).run()
+    return read_rows(tmp_path)
+
+
+def test_the_layer_split_keeps_the_last_layers_resident_and_copies_nothing_during_decode(host, small_prompts,
+                                                                                           tmp_path):
+    (row,) = run(host, small_prompts, tmp_path, "n-cpu-moe", options={"n": 1, "prefill": "host"})
+    assert row.status == "ok" and row.lossless
+    assert row.extra["n_cpu_moe"] == 1 and row.extra["pinned_experts"] == 8  # layer 1's eight experts
+    assert row.decode_h2d_bytes_per_token == 0  # decode: the host layer runs on the host, the other is resident
+    assert row.extra["host_calls"] > 0
+
+
+def test_cpu_moe_runs_with_zero_expert_bytes_on_the_device(host, small_prompts, tmp_path):
+    (row,) = run(host, small_prompts, tmp_path, "n-cpu-moe", budgets=("0%",), options={"n": "all"})
+    assert row.status == "ok" and row.lossless and row.budget_bytes == 0
+    assert row.peak_cache_bytes == 0 and row.h2d_bytes_per_token == 0 and row.decode_h2d_bytes_per_token == 0
+    assert row.extra["prefill"] == "auto: on the host (no room to stream)"
+
+
+def test_fit_takes_the_fewest_host_layers_that_leave_the_rest_within_the_budget(host, small_prompts, tmp_path):
+    rows = run(host, small_prompts, tmp_path, "n-cpu-moe", budgets=("40%", "100%"), options={"prefill": "host"})
+    assert [r.extra["n_cpu_moe"] for r in sorted(rows, key=lambda r: r.budget_fraction)] == [2, 0]
+
+
+def test_a_streamed_prefill_copies_host_experts_and_drops_them_before_decode(host, small_prompts, tmp_path):
+    (row,) = run(host, small_prompts, tmp_path, "n-cpu-moe", budgets=("100%",), options={"n": 1, "prefill": "stream"})
+    assert row.status == "ok" and row.lossless and row.extra["streamed_experts"] > 0
+    assert row.h2d_bytes_per_token > 0 and row.decode_h2d_bytes_per_token == 0  # decode copied nothing
+
+
+@pytest.mark.parametrize("placement", ["frequency", "uniform", "front-loading"])
+def test_the_hybrid_pins_gpu_experts_by_its_placement_and_runs_the_rest_on_the_host(host, small_prompts, tmp_path,
+                                                                                     placement):
+    (row,) = run(host, small_prompts, tmp_path, "kt-hybrid", options={"placement": placement, "prefill": "host"})
+    assert row.status == "ok" and row.lossless and row.decode_h2d_bytes_per_token == 0
+    assert row.extra["placement"] == placement and row.extra["pinned_experts"] == 8  # half of 16 experts
+
+
+def test_rebalancing_copies_the_new_hot_experts_on_the_link(host, small_prompts, tmp_path):
+    (row,) = run(host, small_prompts, tmp_path, "kt-hybrid", options={"rebalance": 2, "prefill": "host"},
+                 tokens=12)
+    assert row.status == "ok" and row.lossless
+    assert row.extra["repinned_copies"] > 0 and row.decode_h2d_bytes_per_token > 0
+
+
+@pytest.mark.parametrize("strategy, options, message", [
+    ("n-cpu-moe", {"n": "lots"}, "n-cpu-moe option n='lots' is invalid"),
+    ("n-cpu-moe", {"prefill": "gpu"}, "n-cpu-moe option prefill='gpu' is invalid"),
+    ("kt-hybrid", {"placement": "random"}, "kt-hybrid option placement='random' is unknown"),
+    ("kt-hybrid", {"rebalance": 0}, "kt-hybrid option rebalance=0 is invalid"),
+    ("kt-hybrid", {"gpu_experts": -1}, "kt-hybrid option gpu_experts=-1 is invalid"),
+])
+def test_bad_options_are_one_line(host, strategy, options, message):
+    with pytest.raises(UsageError, match=message):
+        host.strategies().get(strategy).validate_options(options)
+
+
+def test_more_host_layers_than_the_model_has_or_more_resident_than_the_budget_is_one_line(host, small_prompts,
+                                                                                          tmp_path):
+    with pytest.raises(UsageError, match="n-cpu-moe option n=5 is more than the 2 MoE layers"):
+        run(host, small_prompts, tmp_path, "n-cpu-moe", options={"n": 5})
+    with pytest.raises(BudgetError, match=r"n-cpu-moe with n=0 keeps 2 MoE layer\(s\) of experts resident"):
+        run(host, small_prompts, tmp_path, "n-cpu-moe", options={"n": 0})
+
+
+def test_a_zero_budget_is_refused_by_a_strategy_that_cannot_run_it_naming_one_that_can(host, small_prompts,
+                                                                                     tmp_path):
+    config = BenchConfig(models=(MODEL,), strategies=("lru", "n-cpu-moe"), budgets=(parse_budget("0%"),),
+                         profile="a100-40g-pcie4", tokens=4, prompts=1)
+    with pytest.raises(BudgetError, match=r"below what lru needs .* \(n-cpu-moe can run it\)"):
+        Runner(host, config, tmp_path).run()
