@@ -44,8 +44,9 @@ class KtHybrid(HostExperts):
                 except (TypeError, ValueError):
                     ok = False
                 if not ok:
+                    unit = "decode tokens" if option == "rebalance" else "experts per layer"
                     raise UsageError(f"kt-hybrid option {option}={options[option]!r} is invalid: give a positive "
-                                     f"number{' of decode tokens' if option == 'rebalance' else ' of experts per layer'}")
+                                     f"number of {unit}")
 
     def __init__(self, **options):
         super().__init__(**options)

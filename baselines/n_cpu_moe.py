@@ -15,7 +15,7 @@ class NCpuMoe(HostExperts):
 
     name = "n-cpu-moe"
     version = "1"
-    description = "llama.cpp --n-cpu-moe N / --cpu-moe: the first N MoE layers' experts on the host CPU, the rest resident"
+    description = "llama.cpp --n-cpu-moe N / --cpu-moe: the first N MoE layers' experts on the host, the rest resident"
 
     @classmethod
     def option_names(cls):
