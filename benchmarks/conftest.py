@@ -58,7 +58,8 @@ class World:
 def world(tmp_path_factory) -> World:
     """One engine on the tiny model, its reference tokens and routing, and the calibration (built once)."""
     from specterbench.bench.budget import parse_budget
-    from specterbench.bench.runner import BenchConfig, Runner, encode_prompts
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner, encode_prompts
     from specterbench.plugins.host import get_host
     from specterbench.testing.pytest_plugin import SMALL_PROMPTS
 

@@ -15,13 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner, resolve_geometry
+from specterbench.bench.config import BenchConfig, resolve_geometry
+from specterbench.bench.runner import Runner
 from specterbench.engine.precision import Precision
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.errors import UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specterbench.bench.runner import BenchConfig, Budget
+    from specterbench.bench.budget import Budget
+    from specterbench.bench.config import BenchConfig
     from specterbench.plugins.host import PluginHost
 
 DEFAULT_PROFILE = "a100-40g-pcie4"  # as ``specterbench run``

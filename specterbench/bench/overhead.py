@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specterbench.bench.runner import ReferenceStrategy, encode_prompts, load_prompts
+from specterbench.bench.resident import ReferenceStrategy
+from specterbench.bench.runner import encode_prompts, load_prompts
 from specterbench.engine.engine import Engine
 from specterbench.engine.host_clock import HostWallClock
 from specterbench.strategy import Request

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Iterable
+import time
+from typing import Callable, Iterable
 
 
 def is_quiet(stream=None) -> bool:
@@ -76,3 +77,31 @@ def _tqdm_off_by_default() -> None:
 
     __init__._specterbench_quiet = True
     tqdm.__init__ = __init__
+class CellProgress:
+    """``cell 3/16 · tiny-qwen-moe · specter @ 35% · eta 2m10s``: one line per cell as it starts (on a terminal and
+    in a log alike), the ETA from the mean time of the cells finished so far in this process."""
+
+    def __init__(self, total: int, say: Callable[[str], None]):
+        self.total, self.say, self.n = total, say, 0
+        self.first: float | None = None
+
+    def start(self, what: str) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        eta = ""
+        if self.n:
+            left = (now - self.first) / self.n * (self.total - self.n)
+            eta = f" · eta {format_seconds(left)}"
+        self.n += 1
+        self.say(f"cell {self.n}/{self.total} · {what}{eta}")
+
+
+def format_seconds(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

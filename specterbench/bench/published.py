@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 
 from specterbench.bench.budget import Budget
 from specterbench.bench.checks import check_context
-from specterbench.bench.runner import BenchConfig, Runner, encode_prompts, load_prompts
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner, encode_prompts, load_prompts
 from specterbench.bench.validate import mean_tpot_ms
 from specterbench.engine.costs import CostModel
 from specterbench.engine.dense_copy import dense_params

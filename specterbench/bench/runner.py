@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -17,26 +16,21 @@ import torch
 
 from specterbench.bench.budget import Budget
 from specterbench.bench.cell_metrics import TokenNumerics, check_tokens, fill_metrics, peak_rss_bytes, samples_of
-from specterbench.bench.checks import (
-    check_context,
-    check_device,
-    check_device_memory,
-    check_strategy_options,
-    check_workload_size,
-)
+from specterbench.bench.checks import check_context, check_device_memory, check_workload_size
+from specterbench.bench.config import BenchConfig
 from specterbench.bench.failures import describe_failure, where
+from specterbench.bench.progress import CellProgress
+from specterbench.bench.resident import Reference, reference_strategy
 from specterbench.bench.workloads import load_workload
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.cuda_clock import CudaClock, HostPool
 from specterbench.engine.draft import drafts_allocated_bytes
 from specterbench.engine.engine import Engine
-from specterbench.engine.geometry import geometry_preset, project
-from specterbench.engine.graphs import check_setting as check_graph_setting
+from specterbench.engine.geometry import project
 from specterbench.engine.host_clock import HostWallClock
 from specterbench.engine.numerics import NumericsGuide, margin_tolerance
-from specterbench.engine.precision import BF16, Precision, quantize_model
-from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
+from specterbench.engine.precision import quantize_model
 from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
 from specterbench.plugins.host import PluginHost, warn
 from specterbench.runfiles.reference import write_reference
@@ -44,119 +38,9 @@ from specterbench.runfiles.results import ResultRow, RowWriter, read_rows, strat
 from specterbench.runfiles.rundir import run_identity
 from specterbench.strategy import Request, RoutingCalibration, Strategy
 
-
-@dataclass(frozen=True, slots=True)
-class BenchConfig:
-    models: tuple[str, ...]
-    strategies: tuple[str, ...]
-    budgets: tuple[Budget, ...]
-    profile: str
-    host_profile: str = "desktop-ddr5"  # the host CPU, for strategies that compute experts there
-    geometry: str | None = None  # a preset (mixtral, qwen-moe, ...) to price the routing at a real model's sizes
-    # (a modeled projection); "auto": the real model an embedded one stands in for; None or "own": its own sizes
-    clock: str = "modeled"  # modeled | measured
-    workload: str = "shakespeare-heldout-v1"
-    calibration: str = "calibration-v1"
-    prompts: int = 8
-    tokens: int = 32
-    max_prompt_tokens: int = 64
-    repeats: int = 1
-    seed: int = 0
-    device: str = "cpu"
-    threads: int = 1  # torch intra-op threads on the host; 1 keeps tiny models' wall times stable
-    warmup: bool = True
-    strategy_options: dict = field(default_factory=dict)  # strategy name -> {option: value}
-    decode: DecodeSetting = DEFAULT_DECODE  # greedy, or Gumbel-max sampling shared by reference, strategies and drafts
-    precision: Precision = BF16  # the target's stored weights (--expert-bits, --dense-bits): quantized before the
-    # reference is recorded, so the reference is the quantized model itself
-    cuda_graphs: str = "auto"  # --cuda-graphs: auto (capture on CUDA, eager elsewhere or on failure) | off
-
-    def __post_init__(self):
-        if self.decode.mode == "sample" and self.decode.seed != self.seed:  # one seed: the noise follows --seed
-            object.__setattr__(self, "decode", dataclasses.replace(self.decode, seed=self.seed))
-
-    def validate(self, host: PluginHost) -> None:
-        if self.tokens <= 0:
-            raise UsageError(f"TOKENS must be a positive number of new tokens, got {self.tokens}")
-        if self.prompts <= 0:
-            raise UsageError(f"PROMPTS must be positive, got {self.prompts}")
-        if self.threads <= 0:
-            raise UsageError(f"threads must be positive, got {self.threads}")
-        check_threads(self.threads)
-        if self.repeats <= 0:
-            raise UsageError(f"repeats must be positive, got {self.repeats}")
-        check_graph_setting(self.cuda_graphs)
-        if self.clock not in ("modeled", "measured"):
-            raise UsageError(f"unknown clock {self.clock!r}; use 'modeled' or 'measured'")
-        if not self.budgets:
-            raise UsageError("no budgets given; pass e.g. --budgets 35%,50%")
-        for name in self.models:
-            host.models().entry(name)
-        for name in self.strategies:
-            host.strategies().entry(name)
-        check_strategy_options(host, self.strategy_options, self.strategies)
-        check_device(self.device)
-        host.profiles().entry(self.profile)
-        host.host_profiles().entry(self.host_profile)
-        if self.clock == "modeled":  # a figure the strategy's options are priced with and the profile lacks
-            profile, cpu = host.profiles().get(self.profile), host.host_profiles().get(self.host_profile)
-            for name in self.strategies:
-                cls, options = host.strategies().get(name), self.strategy_options.get(name, {})
-                cls.check_profile(profile, dict(options))
-                cls.check_host_profile(cpu, dict(options))
-        if self.geometry not in (None, "own", "auto"):
-            if self.clock != "modeled":
-                raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "
-                                 "can do; drop GEOMETRY or use --clock modeled")
-            geometry_preset(self.geometry)
-
-    def geometry_for(self, spec) -> str | None:
-        """The geometry preset ``spec``'s routing is priced at, or None for its own sizes."""
-        return resolve_geometry(self.geometry, spec, self.clock)
-
-
 #: the warm-up prompt when every calibration prompt is a measured one too (Sonnet 18 is public domain)
 WARMUP_TEXT = ("Sometime too hot the eye of heaven shines, and often is his gold complexion dimm'd; and every fair "
                "from fair sometime declines, by chance or nature's changing course untrimm'd.")
-
-class CellProgress:
-    """``cell 3/16 · tiny-qwen-moe · specter @ 35% · eta 2m10s``: one line per cell as it starts (on a terminal and
-    in a log alike), the ETA from the mean time of the cells finished so far in this process."""
-
-    def __init__(self, total: int, say: Callable[[str], None]):
-        self.total, self.say, self.n = total, say, 0
-        self.first: float | None = None
-
-    def start(self, what: str) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-        eta = ""
-        if self.n:
-            left = (now - self.first) / self.n * (self.total - self.n)
-            eta = f" · eta {format_seconds(left)}"
-        self.n += 1
-        self.say(f"cell {self.n}/{self.total} · {what}{eta}")
-
-
-def format_seconds(seconds: float) -> str:
-    """``42s``, ``3m05s``, ``1h02m``."""
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{s % 3600 // 60:02d}m"
-
-
-def check_threads(threads: int) -> None:
-    """Refuse more host threads than this machine has (OpenMP aborts the process on some counts)."""
-    import os
-
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if threads > cores:
-        raise UsageError(f"threads {threads} is more than the {cores} CPU threads this process may use; give at "
-                         f"most {cores} (1 keeps tiny models' wall times stable)")
 
 
 _WARNED_WARMUP: set[type] = set()
@@ -172,80 +56,6 @@ def warns_warmup_metrics(cls: type, plugin: str) -> bool:
         warn(f"strategy {cls.name!r} (plugin {plugin!r}) reports metrics() but has no on_warmup_end(): its metrics "
              f"include the warm-up request; restart its counters in on_warmup_end (or run with --no-warmup)")
     return True
-
-
-def resolve_geometry(geometry: str | None, spec, clock: str) -> str | None:
-    """``auto`` → the real model an embedded one stands in for (modeled clock only); ``own``/None → None."""
-    if geometry in (None, "own"):
-        return None
-    if geometry == "auto":
-        return spec.geometry if clock == "modeled" else None
-    return geometry
-
-
-@dataclass(slots=True)
-class Reference:
-    tokens: dict[str, tuple[int, ...]]
-    traces: dict[str, tuple]
-    #: per prompt, {absolute position: top-2 score gap of the reference token there} (near-ties: numerics)
-    margins: dict[str, dict[int, float]] = field(default_factory=dict)
-    #: the warm-up request's (id, prompt ids): a calibration prompt, never a measured one (its tokens and trace are
-    #: in ``tokens``/``traces`` under that id, for strategies that read the reference)
-    warmup: tuple[str, tuple[int, ...]] | None = None
-
-
-class ReferenceStrategy(Strategy):
-    """All experts resident: the reference tokens and routing trace every lossless strategy must reproduce."""
-
-    name = "reference"
-
-    def min_cache_bytes(self, engine):
-        return engine.total_expert_bytes
-
-    def prepare(self, engine, calibration=None):
-        for layer in range(engine.num_layers):
-            for e in range(engine.num_experts):
-                engine.prefetch((layer, e))
-
-
-class StreamingReference(ReferenceStrategy):
-    """The reference on a device that must not hold every expert: a cache of ``budget_bytes`` (no more than the
-    run's cells hold), least recently used out; while a layer runs, the next layer's router applied one layer early
-    says which experts to copy next, so streamed copies overlap compute (the engine is lossless, so the tokens and
-    routing are the resident run's whatever is prefetched)."""
-
-    def min_cache_bytes(self, engine):
-        return engine.min_budget_bytes()
-
-    def prepare(self, engine, calibration=None):
-        pass
-
-    def before_layer(self, layer, experts, tokens_per_expert):
-        engine = self.engine
-        now = {(layer, e) for e in experts}
-        for key in now:  # this layer's misses first, then the next layer's guess into what room is left
-            if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=now, needed=key):
-                engine.prefetch(key, priority=1.0)
-        if layer + 1 < engine.num_layers:
-            for e in engine.router_guess(layer + 1).experts():
-                key = (layer + 1, e)
-                if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=now, needed=key):
-                    engine.prefetch(key, priority=0.0)
-
-
-def reference_strategy(engine: Engine, budget_bytes: int | None = None) -> tuple[Strategy, int]:
-    """The reference pass's strategy and budget: streamed through a cache of ``budget_bytes`` (the run's largest
-    cell budget, which the device-memory check found room for; at least two layers' top-k so that the next layer's
-    copies overlap this one's compute), so that no pass holds more than a cell — on a CPU too, where the device is
-    host memory. Everything resident when that budget is all expert bytes, or on a CPU without one."""
-    total = engine.total_expert_bytes
-    if budget_bytes is None and engine.device.type != "cuda":
-        return ReferenceStrategy(), total
-    floor = 2 * engine.min_budget_bytes()
-    nbytes = max(floor, min(budget_bytes or floor, total))
-    if nbytes >= total:
-        return ReferenceStrategy(), total
-    return StreamingReference(), nbytes
 
 
 def make_clock(config: BenchConfig, host: PluginHost, engine: Engine, host_pool=None):
@@ -561,4 +371,3 @@ class Runner:
         return row
 
     _check_tokens = staticmethod(check_tokens)  # the runner's own check, for tests that inject tokens
-

@@ -31,8 +31,7 @@ from typing import TYPE_CHECKING
 
 from specterbench.bench.executors import LocalExecutor
 from specterbench.bench.grid import Grid, SharedJob, expand
-from specterbench.bench.progress import progress
-from specterbench.bench.runner import format_seconds
+from specterbench.bench.progress import format_seconds, progress
 from specterbench.bench.sweep_jobs import Plan
 from specterbench.runfiles.results import ResultRow, RowWriter, read_rows
 

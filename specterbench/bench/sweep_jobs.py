@@ -25,7 +25,7 @@ from specterbench.runfiles.results import ResultRow
 from specterbench.runfiles.rundir import run_identity
 
 if TYPE_CHECKING:  # pragma: no cover
-    from specterbench.bench.runner import BenchConfig
+    from specterbench.bench.config import BenchConfig
     from specterbench.plugins.host import PluginHost
 
 # ---- the work, as run on a worker -------------------------------------------------------------------------
@@ -39,7 +39,7 @@ class SharedReference:
 
     id: str  # where and when it was recorded: every cell that used it names it in ``extra["sweep"]``
     prompts: list
-    reference: Any  # runner.Reference
+    reference: Any  # bench.resident.Reference
     total_expert_bytes: int
 
 

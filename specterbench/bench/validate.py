@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.catalog.models import ModelSpec
 from specterbench.engine.sampling import DecodeSetting
 from specterbench.errors import UsageError

@@ -49,7 +49,7 @@ def cmd_validate(args) -> int:
         raise UsageError(f"--profile {args.profile}: no such file; write this machine's profile with `specterbench "
                          f"calibrate --out {args.profile}`, then validate it")
     if args.threads is not None:
-        from specterbench.bench.runner import check_threads
+        from specterbench.bench.config import check_threads
 
         if args.threads <= 0:
             raise UsageError(f"--threads must be positive, got {args.threads}")
@@ -101,7 +101,7 @@ def cmd_calibrate(args) -> int:
     if args.threads is not None and args.threads <= 0:
         raise UsageError(f"--threads must be positive, got {args.threads}")
     if args.threads is not None:
-        from specterbench.bench.runner import check_threads
+        from specterbench.bench.config import check_threads
 
         check_threads(args.threads)
     if args.name is not None and not args.name.strip():

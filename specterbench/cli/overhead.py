@@ -13,7 +13,7 @@ def cmd_overhead(args) -> int:
     for flag, value in (("--tokens", args.tokens), ("--prompts", args.prompts), ("--threads", args.threads)):
         if value <= 0:
             raise UsageError(f"{flag} must be positive, got {value}")
-    from specterbench.bench.runner import check_threads
+    from specterbench.bench.config import check_threads
 
     check_threads(args.threads)
 

@@ -25,7 +25,7 @@ from specterbench.plugins.host import get_host
 
 def run_config(args, host):
     """The :class:`BenchConfig` of parsed ``run`` options (validated: a bad input is one UsageError line)."""
-    from specterbench.bench.runner import BenchConfig
+    from specterbench.bench.config import BenchConfig
 
     if args.tokens <= 0:
         raise UsageError(f"--tokens must be a positive number of new tokens, got {args.tokens}")

@@ -18,10 +18,7 @@ from torch import nn
 
 from specterbench.engine import packing
 from specterbench.engine.draft import (
-    MAX_ERROR_SCALE,
-    SUPPORTED_BITS,
     QuantSpec,
-    error_scaled,
     itemsize,
     kernel_name_for,
     price_kernel,
@@ -30,6 +27,7 @@ from specterbench.engine.draft import (
     shared,
 )
 from specterbench.engine.geometry import PRICED_DTYPE_BYTES
+from specterbench.engine.quant_spec import MAX_ERROR_SCALE, SUPPORTED_BITS, error_scaled
 from specterbench.errors import UsageError
 
 DENSE_BITS = (16, 8, 4, 3)  # the draft's dense weights: 16 = shared with the target (no copy)

@@ -36,9 +36,10 @@ from dataclasses import dataclass
 import torch
 
 from specterbench.engine.dense_copy import dense_linears
-from specterbench.engine.draft import QuantSpec, roundtrip
+from specterbench.engine.draft import QuantSpec
 from specterbench.engine.geometry import Geometry
 from specterbench.engine.lowbit import kernel_for
+from specterbench.engine.quant_spec import roundtrip
 from specterbench.engine.seam import find_moe_blocks, router_of
 from specterbench.errors import UsageError
 

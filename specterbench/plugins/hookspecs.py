@@ -74,7 +74,7 @@ def specterbench_run_start(run_dir, config):
     """A benchmark run is about to start.
 
     :param run_dir: ``pathlib.Path`` of the run's output folder (``rows.jsonl`` is appended there).
-    :param config: what the run covers: the :class:`specterbench.bench.runner.BenchConfig` of ``specterbench run``
+    :param config: what the run covers: the :class:`specterbench.bench.config.BenchConfig` of ``specterbench run``
         (models, strategies, budgets, profile, clock, workload, tokens, repeats, seed), or the
         :class:`specterbench.bench.sweep.Grid` of ``specterbench sweep``.
     :return: ignored.

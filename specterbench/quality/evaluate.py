@@ -21,7 +21,7 @@ from typing import Callable
 import lm_eval
 from lm_eval.tasks import TaskManager
 
-from specterbench.bench.runner import CellProgress
+from specterbench.bench.progress import CellProgress
 from specterbench.engine.draft import QuantSpec
 from specterbench.engine.numerics import loglik_tolerance, margin_tolerance
 from specterbench.errors import UsageError

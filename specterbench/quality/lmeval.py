@@ -42,13 +42,16 @@ from lm_eval.api.registry import model_registry, register_model
 
 from specterbench.bench.budget import parse_budget
 from specterbench.bench.calibrate import check_device
+from specterbench.bench.config import BenchConfig
 from specterbench.bench.progress import is_quiet
-from specterbench.bench.runner import BenchConfig, ReferenceStrategy, Runner, make_clock
+from specterbench.bench.resident import ReferenceStrategy
+from specterbench.bench.runner import Runner, make_clock
 from specterbench.engine.dense_copy import dense_spec, shared_dense
-from specterbench.engine.draft import QuantSpec, draft_label, shared_quantized
+from specterbench.engine.draft import QuantSpec, shared_quantized
 from specterbench.engine.engine import Engine
 from specterbench.engine.host_clock import HostWallClock
 from specterbench.engine.numerics import router_margin
+from specterbench.engine.quant_spec import draft_label
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.errors import BudgetError, UsageError
 from specterbench.plugins.host import get_host

@@ -34,7 +34,8 @@ import torch
 from specterbench.catalog import corpus, embedded
 from specterbench.catalog.embedded import DraftCalibration
 from specterbench.engine.dense_copy import dense_copy_specs, dense_spec
-from specterbench.engine.draft import QuantSpec, roundtrip
+from specterbench.engine.draft import QuantSpec
+from specterbench.engine.quant_spec import roundtrip
 from specterbench.engine.sampling import DEFAULT_DECODE
 from specterbench.engine.seam import find_moe_blocks
 

@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specterbench.bench.runner import BenchConfig
+from specterbench.bench.config import BenchConfig
 from specterbench.bench.workloads import load_workload
 from specterbench.catalog import corpus, embedded
 from specterbench.engine import sampling
+from specterbench.engine.compat import cache_kwarg
 from specterbench.engine.dense_copy import dense_spec, model_head_error_scale
-from specterbench.engine.draft import QuantSpec, model_error_scale
-from specterbench.engine.engine import cache_kwarg
+from specterbench.engine.draft import QuantSpec
+from specterbench.engine.quant_spec import model_error_scale
 from specterbench.strategy import Request
 from specterbench.studies import fidelity, lrc
 from specterbench.studies.specs import SPECS

@@ -33,7 +33,9 @@ from pathlib import Path
 import pytest
 
 from specterbench.bench import runner as runner_module
-from specterbench.bench.runner import BenchConfig, Budget, Runner
+from specterbench.bench.budget import Budget
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import TINY_FAMILIES
 from specterbench.errors import BudgetError, SpecterbenchError, UsageError
 from specterbench.plugins.host import PluginHost

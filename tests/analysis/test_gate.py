@@ -5,7 +5,8 @@ from specterbench.analysis.gate import load_reference, parse_rule, render, run_g
 from specterbench.analysis.gate_rules import RegressionRule, SpeedupRule, load_rules
 from specterbench.baselines.lru import LRU
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import ResultRow, read_rows
 

@@ -41,7 +41,8 @@ def test_the_file_reads_back_as_the_same_profiles(measured, profile_file):
 
 def test_a_profile_file_is_accepted_wherever_a_profile_name_is(profile_file, tmp_path, small_prompts):
     from specterbench.bench.budget import parse_budget
-    from specterbench.bench.runner import BenchConfig, Runner
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner
     from specterbench.plugins.host import get_host, reset_host
 
     reset_host()

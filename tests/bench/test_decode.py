@@ -7,7 +7,8 @@ import pytest
 from specterbench import Strategy, hookimpl
 from specterbench.analysis.compare import check_compatible
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import TINY_FAMILIES
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.errors import UsageError

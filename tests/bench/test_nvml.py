@@ -151,7 +151,8 @@ def nvml_plugin():
 
 def test_a_benchmark_row_on_cpu_explains_its_empty_nvml_columns(nvml_plugin, tmp_path, small_prompts):
     from specterbench.bench.budget import parse_budget
-    from specterbench.bench.runner import BenchConfig, Runner
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner
 
     config = BenchConfig(models=("tiny-random-mixtral",), strategies=("lru",), budgets=(parse_budget("50%"),),
                          profile="a100-40g-pcie4", prompts=1, tokens=2, warmup=False)

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from specterbench.analysis.report import render_markdown
-from specterbench.bench.runner import CellProgress, format_seconds
+from specterbench.bench.progress import CellProgress, format_seconds
 from specterbench.cli import main
 from specterbench.runfiles.results import ResultRow
 

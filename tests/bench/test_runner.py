@@ -4,7 +4,8 @@ import pytest
 
 from specterbench import Strategy, hookimpl
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import TINY_FAMILIES
 from specterbench.errors import BudgetError, UsageError
 from specterbench.runfiles.results import read_rows
@@ -144,7 +145,7 @@ def test_malformed_budget_names_the_forms(text):
         parse_budget(text)
 
 
-@pytest.mark.parametrize("budget, match", [("1%", "below what one forward needs"), ("150%", "above all expert")])
+@pytest.mark.parametrize("budget, match", [("1%", "below what lru needs"), ("150%", "above all expert")])
 def test_budget_outside_the_model_range_is_refused(host, small_prompts, tmp_path, budget, match):
     with pytest.raises(BudgetError, match=match):
         Runner(host, config(budgets=(parse_budget(budget),)), tmp_path).run()

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 
 from specterbench.bench.budget import parse_budget
+from specterbench.bench.config import BenchConfig
 from specterbench.bench.executors import RayExecutor, require_ray
 from specterbench.bench.grid import load_grid, parse_grid
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.runner import Runner
 from specterbench.bench.sweep import LocalExecutor, Plan, Sweep, expand
 from specterbench.cli.sweep import add_parser as add_sweep_parser
 from specterbench.errors import UsageError

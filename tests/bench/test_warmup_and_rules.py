@@ -7,7 +7,8 @@ import pytest
 
 from specterbench import Strategy, hookimpl
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 
 MEASURED = 2
 

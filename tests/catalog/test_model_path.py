@@ -33,7 +33,8 @@ def test_the_family_and_geometry_come_from_config_json(checkpoint):
 
 def test_a_registered_local_model_runs_a_benchmark_cell(checkpoint, tmp_path, small_prompts):
     from specterbench.bench.budget import parse_budget
-    from specterbench.bench.runner import BenchConfig, Runner
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner
     from specterbench.plugins.host import get_host, reset_host
 
     reset_host()

@@ -457,7 +457,6 @@ def test_a_bad_sweep_option_is_one_line_before_anything_runs(cli, tmp_path, args
     (["run", *FAST, "--run-id", ""], "--run-id is empty"),
 ])
 def test_an_empty_name_is_refused_not_taken_for_the_default(cli, tmp_path, monkeypatch, args, message):
-    import specterbench.cli.quality as eval_cli
 
     monkeypatch.setattr("specterbench.quality.evaluate.run_eval", lambda *a, **k: pytest.fail("the evaluation started"))
     assert message in refused(cli, *args, "--out", tmp_path / "out")

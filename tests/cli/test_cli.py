@@ -21,7 +21,7 @@ def one_error_line(err: str) -> str:
     (["--model", "tiny-random-mixtrl"], "did you mean 'tiny-random-mixtral'"),
     (["--profile", "h100"], "unknown profile 'h100'"),
     (["--budgets", "lots"], "malformed budget 'lots'"),
-    (["--budgets", "1%"], "below what one forward needs"),
+    (["--budgets", "1%"], "experts of a layer); raise it, or drop"),
     (["--budgets", "120%"], "above all expert bytes"),
     (["--tokens", "0"], "--tokens must be a positive"),
     (["--set", "lru"], "malformed --set"),

@@ -152,7 +152,8 @@ def test_the_routing_recorder_keeps_each_layer_calls_experts(engine):
 def test_the_runner_ends_the_warm_up_before_the_measured_requests(host, small_prompts, tmp_path):
     from specterbench import hookimpl
     from specterbench.bench.budget import parse_budget
-    from specterbench.bench.runner import BenchConfig, Runner
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner
 
     class Counting(Strategy):
         name, version = "contract-warmup", "1"

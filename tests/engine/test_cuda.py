@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -164,8 +165,9 @@ def test_copies_from_the_store_run_at_pinned_speed(gpu_host):
     dict(bits=8, blocksize=128, quantizer="int"),
 ])
 def test_a_draft_on_cuda_allocates_what_it_is_charged_and_computes_the_dequantized_values(gpu_host, spec):
-    from specterbench.engine.draft import QuantizedExperts, QuantSpec, roundtrip
+    from specterbench.engine.draft import QuantizedExperts, QuantSpec
     from specterbench.engine.engine import Engine
+    from specterbench.engine.quant_spec import roundtrip
 
     if spec["quantizer"] == "bnb":
         pytest.importorskip("bitsandbytes", reason="the packed 4-bit kernels are bitsandbytes'")

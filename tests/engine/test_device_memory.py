@@ -53,7 +53,7 @@ def _decode(engine, strategy, budget, prompt, tokens=10):
 
 def test_the_streaming_reference_prefetches_the_next_layer_and_keeps_the_tokens():
     from specterbench.baselines import OnDemand
-    from specterbench.bench.runner import ReferenceStrategy, StreamingReference
+    from specterbench.bench.resident import ReferenceStrategy, StreamingReference
 
     engine, tok = _engine()
     prompt = tok.encode("Shall I compare thee to a summer's day?")

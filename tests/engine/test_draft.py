@@ -12,12 +12,11 @@ from specterbench.engine.draft import (
     QuantSpec,
     drafts_allocated_bytes,
     live_drafts,
-    pack,
     quantized_bytes,
-    roundtrip,
     shared_quantized,
 )
 from specterbench.engine.engine import Engine
+from specterbench.engine.quant_spec import pack, roundtrip
 from specterbench.errors import UsageError
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.engine import Engine, cache_kwarg
+from specterbench.engine.compat import cache_kwarg
+from specterbench.engine.engine import Engine
 from specterbench.errors import EngineViolation, UsageError
 from specterbench.strategy import Strategy
 
@@ -101,11 +102,11 @@ def test_decode_under_the_lowest_allowed_transformers_equals_its_stock_generate(
 
 
 def test_a_transformers_below_the_supported_one_is_one_line(monkeypatch):
-    from specterbench.engine import engine as engine_mod
+    from specterbench.engine import compat
 
-    assert engine_mod.MIN_TRANSFORMERS == _lowest_allowed()  # the check and pyproject.toml name one version
-    monkeypatch.setattr(engine_mod, "_transformers_version", lambda: "5.2.0")
+    assert compat.MIN_TRANSFORMERS == _lowest_allowed()  # the check and pyproject.toml name one version
+    monkeypatch.setattr(compat, "transformers_version", lambda: "5.2.0")
     with pytest.raises(UsageError, match=r"transformers 5.2.0 is older than the lowest supported, 5.17: pip install") \
             as err:
-        engine_mod.check_transformers()
+        compat.check_transformers()
     assert "\n" not in str(err.value)

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from specterbench.engine.costs import CostModel
-from specterbench.engine.draft import QuantSpec, pack
+from specterbench.engine.draft import QuantSpec
 from specterbench.engine.geometry import geometry_preset
 from specterbench.engine.lowbit import BF16, INT3, INT4, INT4_TORCH, INT8, kernel_for, kernel_for_ratio
 from specterbench.engine.profiles import default_profile
+from specterbench.engine.quant_spec import pack
 
 A100 = default_profile()
 MIXTRAL = geometry_preset("mixtral")

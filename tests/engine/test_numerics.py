@@ -10,8 +10,13 @@ import torch.nn.functional as F
 from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
-from specterbench.engine.numerics import (NumericsGuide, classify_divergence, loglik_tolerance, margin_tolerance,
-                                          score_tolerance)
+from specterbench.engine.numerics import (
+    NumericsGuide,
+    classify_divergence,
+    loglik_tolerance,
+    margin_tolerance,
+    score_tolerance,
+)
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.sampling import DecodeSetting
 from specterbench.strategy import ON_HOST, SUBSTITUTE, Strategy

@@ -11,12 +11,12 @@ from specterbench import Strategy
 from specterbench.catalog.tiny import tiny_random
 from specterbench.engine import residency
 from specterbench.engine.clocks import ModeledClock
-from specterbench.engine.draft import roundtrip
 from specterbench.engine.engine import Engine
 from specterbench.engine.kernels import LaunchCounter
 from specterbench.engine.packing import PackedWeight
 from specterbench.engine.precision import Precision, quantize_model
 from specterbench.engine.profiles import default_host_profile, default_profile
+from specterbench.engine.quant_spec import roundtrip
 from specterbench.strategy import ON_HOST
 
 CACHED = 8  # experts the cache holds, at their charged bytes

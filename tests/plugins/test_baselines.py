@@ -4,7 +4,8 @@ import torch.nn.functional as F
 
 from specterbench.baselines import LFRU, LRU, ActivationAware, CpuExperts
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import HostOp

@@ -3,7 +3,8 @@
 from specterbench.baselines import Oracle
 from specterbench.baselines.oracle_spec import MAX_WINDOW, window_lengths, window_trace
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 
 
 def config(strategies, tokens=40, budget="50%", geometry=None):

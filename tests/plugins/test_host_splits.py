@@ -4,7 +4,8 @@ runs on the host, nothing copied during decode, and one line for each bad option
 import pytest
 
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.errors import BudgetError, UsageError
 from specterbench.runfiles.results import read_rows
 

@@ -204,7 +204,7 @@ def test_an_empty_rows_file_is_an_error_like_a_missing_one(cli, tmp_path, finish
 # ---- no folder left by a refused run, no lock by a finished one --------------------------------------------------
 def test_a_run_refused_after_the_model_loads_leaves_no_run_folder(cli, tmp_path):
     code, _, err = cli("run", *FAST, "--strategies", "lru", "--budgets", "1%", "--out", tmp_path, "--run-id", "r")
-    assert code == 2 and "below what one forward needs" in error_line(err)
+    assert code == 2 and "below what lru needs" in error_line(err)
     assert not (tmp_path / "r").exists()
 
 

@@ -10,7 +10,8 @@ import torch
 
 from specterbench.catalog import corpus, embedded
 from specterbench.engine.dense_copy import QuantizedDense, dense_spec, model_head_error_scale
-from specterbench.engine.draft import QuantSpec, model_error_scale, roundtrip, shared_quantized
+from specterbench.engine.draft import QuantSpec, shared_quantized
+from specterbench.engine.quant_spec import model_error_scale, roundtrip
 from specterbench.errors import ModelError, UsageError
 from specterbench.studies import fidelity
 from specterbench.studies.train import reliance_loss, routed_experts_removed

@@ -10,7 +10,8 @@ import pytest
 import specterbench.bench.runner as runner_module
 from specterbench import Request
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner, encode_prompts
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner, encode_prompts
 from specterbench.engine.sampling import DecodeSetting
 from specterbench.testing.pytest_plugin import SMALL_PROMPTS
 

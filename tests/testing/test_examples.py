@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.engine.routing import RouterGuess
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.plugins.checks import check_strategy

@@ -4,7 +4,8 @@
 import pytest
 
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.errors import UsageError
 from specterbench_lfu import AgingLFU
 

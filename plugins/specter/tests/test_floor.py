@@ -12,7 +12,8 @@ import os
 import pytest
 
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.engine.sampling import DecodeSetting
 
 SLOW = os.environ.get("SPECTERBENCH_SLOW_TESTS") == "1"

@@ -4,7 +4,8 @@ import torch
 from specterbench import Request, Strategy
 from specterbench.baselines.cpu_experts import CpuExperts
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.runner import BenchConfig, Runner
+from specterbench.bench.config import BenchConfig
+from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import TINY_FAMILIES, tiny_random
 from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import quantized_bytes
@@ -325,7 +326,8 @@ def test_the_draft_goes_back_to_the_cache_when_plain_decoding_is_predicted_cheap
 
 def test_draft_noise_degrades_the_draft_and_stays_lossless(host, small_prompts, tmp_path):
     from specterbench.bench.budget import parse_budget
-    from specterbench.bench.runner import BenchConfig, Runner
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner
 
     def run(noise, out):
         cfg = BenchConfig(models=("tiny-random-mixtral",), strategies=("specter",), budgets=(parse_budget("60%"),),
