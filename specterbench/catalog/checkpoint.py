@@ -1,7 +1,7 @@
 """Loading a local Hugging Face checkpoint of a supported MoE family with host memory ≈ its own bytes.
 
-``transformers.from_pretrained`` peaks at about twice a Mixtral-layout checkpoint's bytes of host RAM (1.9x
-measured on a 1 GB one: the per-expert tensors it reads plus the fused copies it converts them into). :func:`load_checkpoint` builds the model
+``transformers.from_pretrained`` peaks at about twice a Mixtral-layout checkpoint's bytes of host RAM (the
+per-expert tensors it reads plus the fused copies it converts them into). :func:`load_checkpoint` builds the model
 with uninitialised (so not yet resident) parameters and fills every tensor in place, one safetensors shard at a
 time: the per-expert ``w1``/``w3``/``w2`` (or ``gate_proj``/``up_proj``/``down_proj``) tensors go straight
 into their slice of the fused ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] tensors. The peak is the

@@ -21,7 +21,7 @@ from specterbench.plugins.host import get_host
 from specterbench.quality.lmeval import SpecterbenchLM, load_engine
 from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
 
-# Nothing downloads at run time (DESIGN rule 7); an explicit user setting wins. Set before lm-eval and
+# Nothing downloads at run time (everything runs offline); an explicit user setting wins. Set before lm-eval and
 # ``datasets`` are imported, since ``datasets`` reads these variables once at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -43,7 +43,7 @@ from specterbench.engine.host_clock import HostWallClock
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.plugins.host import get_host
 
-# Nothing downloads at run time (DESIGN rule 7); an explicit user setting wins. Set before lm-eval and
+# Nothing downloads at run time (everything runs offline); an explicit user setting wins. Set before lm-eval and
 # ``datasets`` are imported, since ``datasets`` reads these variables once at import.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -65,22 +65,22 @@ class routed_experts_removed:
 
 
 def reliance_loss(model, inputs: torch.Tensor, targets: torch.Tensor, floor: float) -> tuple[torch.Tensor, float]:
-    """The expert-reliance loss (issue 24): ``relu(floor − CE)`` of the batch decoded with the routed experts removed.
+    """The expert-reliance loss: ``relu(floor − CE)`` of the batch decoded with the routed experts removed.
 
     A real MoE's next token collapses without its routed experts; a small model trained briefly leans on attention,
-    shared experts and dense layers instead (86–92% of tokens survived removing the routed experts). The hinge trains
-    the rest of the network to be useless on its own — up to ``floor`` nats of cross-entropy (about the uniform
-    distribution's ln V), no further — so that the next token has to come through the routed experts. Returns the
-    loss and the removed path's cross-entropy."""
+    shared experts and dense layers instead (without this loss, most tokens survive removing the routed experts).
+    The hinge trains the rest of the network to be useless on its own — up to ``floor`` nats of cross-entropy (about
+    the uniform distribution's ln V), no further — so that the next token has to come through the routed experts.
+    Returns the loss and the removed path's cross-entropy."""
     with routed_experts_removed(model):
         logits = model(input_ids=inputs, use_cache=False).logits
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
     return torch.relu(floor - ce), float(ce.detach())
 
 
-#: transformers' fused-expert kernel for training: same routing and outputs as the eager loop over experts, about
-#: 2.3x fewer CPU seconds per step with 60-64 experts. config.json does not record it (the engine's seam
-#: replaces the experts module anyway).
+#: transformers' fused-expert kernel for training: same routing and outputs as the eager loop over experts, in far
+#: fewer CPU seconds per step with 60-64 experts. config.json does not record it (the engine's seam replaces the
+#: experts module anyway).
 TRAIN_EXPERTS_IMPLEMENTATION = "grouped_mm"
 
 
