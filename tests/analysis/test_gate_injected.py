@@ -1,4 +1,4 @@
-"""The injected regressions of issue 18, on synthetic result rows: per-window modeled times summarised the way
+"""Injected regressions the gate exists to catch, on synthetic result rows: per-window modeled times summarised the way
 the runner does, for a grid shaped like the gate's (two stand-ins, two budgets, the default decode)."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_doubling_40_percent_of_a_speculative_strategys_windows_fails_though_the
     windows = windows_of("specter", 30.0 * (1.2 - 0.35))
     slow = sorted(range(len(windows)), key=lambda w: windows[w][1])[-round(0.4 * len(windows)):]  # the slowest 40%
     new[i] = summarise(new[i], [(n, ms * 2 if w in slow else ms) for w, (n, ms) in enumerate(windows)])
-    assert new[i].tpot_ms == ref[i].tpot_ms  # what the old median-only gate saw
+    assert new[i].tpot_ms == ref[i].tpot_ms  # what a median-only gate would see
     result = run_gate(new, ref, RULES)
     assert {m for _, m in failing(result)} >= {"tpot_mean_ms", "tpot_p90_ms"}
     assert {who for who, _ in failing(result)} == {"specter @ 35%"}

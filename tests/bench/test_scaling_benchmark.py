@@ -1,4 +1,4 @@
-"""``benchmarks/scaling.py`` (the harness-scale table of the README, ``make bench-wallclock``) end to end at a small
+"""``benchmarks/scaling.py`` (the harness-scale table of docs/results.md, ``make bench-wallclock``) end to end at a small
 geometry: every cell decodes every prompt to its reference's tokens and prints ``mean / median``; bad flags are one
 line and exit 2."""
 

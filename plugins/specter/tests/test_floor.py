@@ -1,4 +1,4 @@
-"""The floor at any acceptance (issue 27 item 5): with a deliberately degraded draft, Specter stays within 3% of the
+"""The floor at any acceptance: with a deliberately degraded draft, Specter stays within 3% of the
 strongest non-speculative strategy (``cpu-experts``), measured side by side on the modeled clock.
 
 The draft is degraded by ``draft_noise`` (a share of its proposals replaced; still lossless), on the shipped stand-ins
