@@ -92,7 +92,8 @@ def render_markdown(rows: list[ResultRow], wide: bool = False) -> str:
         if len(values) == 1:
             header.append(f"{col}: {values[0]}")
     header += [f"geometry: {g}" for g in geometries]
-    keep = [c for c in COMPACT if c in df.columns and not (c == "model" and any(h.startswith("model:") for h in header))]
+    keep = [c for c in COMPACT
+            if c in df.columns and not (c == "model" and any(h.startswith("model:") for h in header))]
     keep += [c for c in SHARED if c in df.columns and c not in keep and not any(h.startswith(c + ":") for h in header)]
     df = df[[c for c in df.columns if c in keep]]
     df["budget"] = [b.split(" (", 1)[0] for b in df["budget"]]  # the fraction; bytes are in summary.md

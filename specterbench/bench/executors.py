@@ -28,7 +28,8 @@ RAY_INSTALL_HINT = "pip install 'specterbench[ray]'"
 # Environment the driver's plugin host resolved names with; workers must see the same.
 PROPAGATED_ENV_PREFIXES = ("SPECTERBENCH_",)
 
-PRELOAD = ["specterbench.bench.runner", "specterbench.bench.sweep_jobs", "transformers.modeling_utils"]  # by the forkserver
+# imported by the forkserver
+PRELOAD = ["specterbench.bench.runner", "specterbench.bench.sweep_jobs", "transformers.modeling_utils"]
 
 
 class LocalExecutor:

@@ -296,9 +296,8 @@ def write_random_checkpoint(path, config, *, seed: int = 0, std: float = 0.02, d
                             shard_bytes: int = 256 * 2**20) -> Path:
     """Write a seeded random-init checkpoint of ``config`` as the Hub lays it out: ``config.json``, per-expert
     tensors (``experts.<e>.w1/w3/w2`` or ``gate_proj/up_proj/down_proj``), ``model-XXXXX.safetensors`` shards of
-    about ``shard_bytes`` and ``model.safetensors.index.json``. Weights are uniform with standard deviation ``std``; norm
-    weights are ones, biases zeros. Host memory:
-    about one shard."""
+    about ``shard_bytes`` and ``model.safetensors.index.json``. Weights are uniform with standard deviation ``std``;
+    norm weights are ones, biases zeros. Host memory: about one shard."""
     from safetensors.torch import save_file
 
     family = config.model_type

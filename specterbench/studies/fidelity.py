@@ -14,13 +14,13 @@ sampler, the same noise for model and copy at each position, i.e. what speculati
 (order ignored), also per layer.
 
 The draft-fidelity **calibration**: the stand-ins quantize far better than real models (uncalibrated, even a 3-bit
-draft agrees on nearly every token), so each model may carry scales on its draft's quantization error, fitted on *training*
-text (never the held-out text measured here, nor the benchmark prompts) to the published int4 anchors and stored in
-the model's ``draft_calibration.json``: ``error_scale`` on the routed experts (to MoE-SpeQ's exact expert set 0.909)
-and ``head_error_scale`` on the output head of the draft's dense copy (to greedy agreement 0.92). A scaled draft
-quantizes ``W + (s−1)·(Q(W)−W)`` with the same format: real codes of that format, erring more than W's own rounding
-(the stored ``realized_rms_error_ratio`` says by how much). :func:`fit_calibration` does the fit; every draft built
-from the model takes it by default (:meth:`QuantSpec.for_model`, :class:`QuantizedDense`).
+draft agrees on nearly every token), so each model may carry scales on its draft's quantization error, fitted on
+*training* text (never the held-out text measured here, nor the benchmark prompts) to the published int4 anchors and
+stored in the model's ``draft_calibration.json``: ``error_scale`` on the routed experts (to MoE-SpeQ's exact expert
+set 0.909) and ``head_error_scale`` on the output head of the draft's dense copy (to greedy agreement 0.92). A scaled
+draft quantizes ``W + (s−1)·(Q(W)−W)`` with the same format: real codes of that format, erring more than W's own
+rounding (the stored ``realized_rms_error_ratio`` says by how much). :func:`fit_calibration` does the fit; every draft
+built from the model takes it by default (:meth:`QuantSpec.for_model`, :class:`QuantizedDense`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def draft_copy(model, spec, dense=None):
 
 
 @torch.no_grad()
-def agreement(model, other, windows: torch.Tensor, decode=None, batch_size: int = 8, label: str = "heldout") -> Agreement:
+def agreement(model, other, windows: torch.Tensor, decode=None, batch_size: int = 8,
+              label: str = "heldout") -> Agreement:
     """Teacher-forced agreement of ``other`` with ``model`` on ``windows`` [W, T] (every position predicts the next
     token; the sampler's noise of window i, position t is that of request ``f"{label}-{i}"`` at t + 1)."""
 

@@ -65,7 +65,8 @@ def gate_grid() -> list[ResultRow]:
                 extra = ({"tokens_per_window": 4.6, "k": 4, "strategy_options": None} if strategy in SPECULATIVE
                          else {})
                 row = base_row(cell=f"{model}|{geometry}|{strategy}|{budget}", model=model, geometry=geometry,
-                               geometry_label=f"{geometry} (projection)", strategy=strategy, budget_fraction=1.0 if strategy == "resident" else budget,
+                               geometry_label=f"{geometry} (projection)", strategy=strategy,
+                               budget_fraction=1.0 if strategy == "resident" else budget,
                                lossless_strategy=not lossy, token_agreement=0.92 if lossy else 1.0,
                                lossless=None if lossy else True, decode=dict(SAMPLE), prompts=4, new_tokens=16,
                                ttft_ms=50.0 * scale, hit_rate=0.6 + budget / 2, h2d_bytes=6_000_000,
@@ -215,7 +216,8 @@ def test_each_failure_is_one_line_and_the_same_in_json(tmp_path):
     assert f["metric"] == "h2d_bytes_per_token" and f["cell"].startswith("tiny-mixtral@mixtral · lru @ 50%")
     assert f["reference"] == ref[i].h2d_bytes_per_token and f["now"] == new[i].h2d_bytes_per_token
     line = render(run_gate(new, ref, RULES), passes=False).splitlines()[1]
-    assert line.startswith("FAIL  tiny-mixtral@mixtral · lru @ 50%") and "h2d_bytes_per_token: reference 1900000, " in line
+    assert line.startswith("FAIL  tiny-mixtral@mixtral · lru @ 50%")
+    assert "h2d_bytes_per_token: reference 1900000, " in line
     assert "now 1995000, limit 1909500 — +5.00%" in line
 
 

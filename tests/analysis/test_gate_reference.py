@@ -79,8 +79,10 @@ def test_a_regression_with_a_reason_is_recorded_in_the_changelog(tmp_path, refer
                         reason="lru now pays for its copies' alignment")
     assert code == 0 and "accepted with 1 regression(s)" in text
     log = (reference / "CHANGELOG.md").read_text()
-    assert log.startswith("# Changes to the committed gate reference\n\n## 2026-12-01 20:00 UTC · code abc · 1 accepted")
-    assert "Reason: lru now pays for its copies' alignment" in log and "- WORSE   tiny-qwen-moe@qwen-moe · lru @ 35%" in log
+    assert log.startswith("# Changes to the committed gate reference\n\n"
+                          "## 2026-12-01 20:00 UTC · code abc · 1 accepted")
+    assert "Reason: lru now pays for its copies' alignment" in log
+    assert "- WORSE   tiny-qwen-moe@qwen-moe · lru @ 35%" in log
     record(tmp_path / "again", reference, slower_h2d(slower_h2d(gate_grid())), allow_regression=True, reason="again")
     assert (reference / "CHANGELOG.md").read_text().count("## 2026-12-01") == 2  # appended, never rewritten
 
