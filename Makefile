@@ -49,7 +49,7 @@ GATE_GRID = rm -rf results/$(1)-* && mkdir -p results/gate-logs && echo '$(GATE_
 WALLCLOCK_STAT ?= min
 WALLCLOCK_MAX_SLOWDOWN ?= 1.3
 
-.PHONY: install bench test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
+.PHONY: install bench lint test test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
 
 # pip's own lines ("Collecting …", "Installing collected packages …", a download bar on a terminal) say what is
 # being installed; PIP_ARGS=-q silences them, PIP_ARGS="--progress-bar off" keeps the lines without the bars
@@ -81,6 +81,11 @@ bench:
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
 	  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) \
 	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(BENCH_ARGS)
+
+# ruff: pyflakes, pycodestyle and import order ([tool.ruff] in pyproject.toml), over every folder of Python code
+LINT_PATHS ?= specterbench baselines plugins tests benchmarks scripts examples
+lint:
+	$(BIN)/ruff check --no-cache $(LINT_PATHS)
 
 test:
 	$(BIN)/python -m pytest
