@@ -58,7 +58,7 @@ README_STRATEGIES ?= on-demand,lru,static,activation-aware,cpu-experts,spec-host
 README_ARGS = results/reference --model $(README_MODEL) --strategies $(README_STRATEGIES) \
   --command "specterbench run --model $(README_MODEL) $(GATE_RUN_ARGS)"
 
-.PHONY: install bench test readme readme-check test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
+.PHONY: install bench lint test readme readme-check test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
 
 # pip's own lines ("Collecting …", "Installing collected packages …", a download bar on a terminal) say what is
 # being installed; PIP_ARGS=-q silences them, PIP_ARGS="--progress-bar off" keeps the lines without the bars
@@ -96,6 +96,11 @@ readme:
 
 readme-check:
 	$(BIN)/specterbench readme $(README_ARGS) --check
+
+# ruff: pyflakes, pycodestyle and import order ([tool.ruff] in pyproject.toml), over every folder of Python code
+LINT_PATHS ?= specterbench baselines plugins tests benchmarks scripts examples
+lint:
+	$(BIN)/ruff check --no-cache $(LINT_PATHS)
 
 test:
 	$(BIN)/python -m pytest

@@ -9,22 +9,18 @@ RULES = ("balanced", "fiddler")
 
 
 class CpuExperts(StaticPlacement):
-    """Fiddler / llama.cpp ``--n-cpu-moe`` / KTransformers: the calibration set's most popular experts stay on
-    the device; an expert that is not there runs on the host CPU, where its weights already are, and only the
-    activations cross the link. Per expert and forward a latency rule picks host or fetch, priced by the cost
-    model (``engine.costs``); host time grows with the tokens the expert serves (a prefill, a K-token
-    verification), a fetch does not.
+    """Fiddler / llama.cpp ``--n-cpu-moe`` / KTransformers (provenance in docs/strategies.md): the calibration set's
+    most popular experts stay on the device; an expert that is not there runs on the host CPU, where its weights
+    already are, and only the activations cross the link — at decode sizes fewer bytes than the expert's weights.
+    Per expert and forward a latency rule picks host or fetch, priced by the cost model (``engine.costs``); host time
+    grows with the tokens the expert serves (a prefill, a K-token verification), a fetch does not.
 
-    - ``rule=balanced`` (default; SpecMoEOff, MoE-SpAc): both sides queue-aware — the host's own backlog plus the
-      expert on the host, against the copy behind the demand copies ahead of it plus the device compute;
+    - ``rule=balanced`` (default): both sides queue-aware — the host's own backlog plus the expert on the host,
+      against the copy behind the demand copies ahead of it plus the device compute;
     - ``rule=fiddler`` (Fiddler's rule): an idle host against the copy behind everything the link carries.
 
-    ``torch_bf16=true``: price the host's experts as Fiddler's released code computes them
-    (github.com/efeslab/fiddler, ``src/fiddler/mixtral.py`` as of the paper, commit 1ad7a6c:
-    ``FiddlerMixtral.run_expert_at_cpu`` calls the Hugging Face Mixtral expert module, loaded in ``torch.bfloat16``,
-    on the CPU — three eager PyTorch GEMVs, intra-op threads left at PyTorch's default, one expert after the other;
-    its README lists "Support for AVX512_BF16" as future work) — at the host
-    profile's ``torch_bf16_bytes_per_s`` where that is below the DRAM share
+    ``torch_bf16=true``: price the host's experts as eager PyTorch computes a bf16 expert on a CPU (Fiddler's
+    released code does), at the host profile's ``torch_bf16_bytes_per_s`` where that is below the DRAM share
     (:meth:`~specterbench.engine.engine.Engine.use_torch_bf16_host`). Decisions read the same price. A host profile
     without that field refuses in one line.
     """

@@ -4,28 +4,18 @@ from .options import flag
 
 
 class LRU(Strategy):
-    """Per-layer least-recently-used caches, as in mixtral-offloading.
+    """Per-layer least-recently-used caches (mixtral-offloading's; provenance in docs/strategies.md).
 
     The cache's slots are split evenly across MoE layers (the remainder going to the first layers); a miss in a
-    layer that is at its quota evicts from that layer. While the cache is filling, a layer may use free slots.
-    Subclasses change only :meth:`pick`, the order in which a layer's experts are given up. Choosing a victim
-    reads the cache's per-layer view, so it costs O(1) (O(quota) with a subclass's ``pick``), not O(cache).
+    layer that is at its quota evicts from that layer, so no layer's experts crowd out another's. While the cache is
+    filling, a layer may use free slots. Subclasses change only :meth:`pick`, the order in which a layer's experts
+    are given up. Choosing a victim reads the cache's per-layer view, so it costs O(1) (O(quota) with a subclass's
+    ``pick``), not O(cache).
 
-    ``swap=true``: copy the way Mixtral-Offloading's released code does (github.com/dvmazur/mixtral-offloading).
-    ``ExpertCache._swap`` (``src/expert_cache.py``) turns every miss into two ``copy_(…, non_blocking=True)``: the
-    needed expert host→device into a spare device buffer and the evicted one device→host into a spare pinned host
-    buffer, which becomes its host copy. No copy stream is set around them (``SparseMoeWrapper.forward`` in
-    ``src/custom_layers.py`` iterates ``load_experts`` on the current stream), so both run on the compute stream: one
-    after the other (one stream serializes them although PCIe is full duplex) and serial with compute — the experts
-    computed after them wait, and they wait for the compute queued before them; the copies of a layer cannot start
-    before its routing is known, because the host reads it first (``.unique().tolist()``, then ``.tolist()`` per
-    expert: host syncs). Here every eviction of a landed expert is copied back into its store tensors and then the
-    needed expert into the freed slot (this engine has no spare device buffer: the budget is the slots), both on the
-    compute stream (:meth:`~specterbench.engine.engine.Engine.use_swap_copies`; the order does not change their
-    time, they are serial either way); the host→device copy priced at ``link_bytes_per_s``, the device→host one by
-    :meth:`~specterbench.engine.costs.CostModel.d2h_copy_seconds`. Not modeled: Mixtral-Offloading's cache starts
-    full, so its first misses swap too, where this one fills free slots first (warm-up); its spare device buffers
-    are memory outside the cache.
+    ``swap=true``: every miss copies the evicted expert device→host back into its store tensors, then the needed one
+    host→device into the freed slot, both on the compute stream and serial with compute
+    (:meth:`~specterbench.engine.engine.Engine.use_swap_copies`) — the copy path of mixtral-offloading's released
+    code, which published rows of that system ran.
     """
 
     name = "lru"

@@ -3,7 +3,8 @@ from .lru import LRU
 
 class NextLayerGate(LRU):
     """Pre-gated prefetch (mixtral-offloading's speculative loading; Pre-gated MoE): apply layer L+1's router to
-    layer L's MoE input and prefetch its top-k while layer L computes. Caching and eviction as in :class:`LRU`."""
+    layer L's MoE input and prefetch its top-k while layer L computes — hidden states change little from one layer to
+    the next, so the guess is mostly right and its copies overlap compute. Caching and eviction as in :class:`LRU`."""
 
     name = "next-layer-gate"
     version = "1"

@@ -7,10 +7,10 @@ tokens) is known in advance: Belady eviction and perfect prefetch over the seque
 schedule, applied to window unions instead of single tokens), copies issued the moment the expert they replace has
 had its last use; when a layer comes, a copy still queued that the host would finish sooner is dropped and the
 expert computed on the host. A miss the schedule could not cover runs on the host or is fetched, whichever is
-predicted sooner (both queues counted, as Specter decides). Every price is the one every strategy pays (host DRAM shared with the
-link included). What it does not optimise (copy order against the host's queue, a depth per window) keeps it a
-strong reference rather than a proof: Specter and ``spec-host`` are compared with it, per-token strategies with
-``oracle``.
+predicted sooner (both queues counted, as Specter decides). Every price is the one every strategy pays (host DRAM
+shared with the link included). What it does not optimise (copy order against the host's queue, a depth per window)
+keeps it a strong reference rather than a proof: Specter and ``spec-host`` are compared with it, per-token strategies
+with ``oracle``.
 """
 
 from __future__ import annotations

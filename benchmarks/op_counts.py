@@ -1,4 +1,4 @@
-"""Kernel-launching ops per decode token at real routing geometries, counted (README "Ops per token").
+"""Kernel-launching ops per decode token at real routing geometries, counted (docs/clock.md, Ops per token).
 
 Random-init models at the routing geometry of Mixtral, Qwen1.5-MoE and DeepSeek-V2-Lite (hidden 64) run through
 the engine on the modeled clock; a :class:`~specterbench.engine.kernels.LaunchCounter` counts every kernel-launching
@@ -75,7 +75,7 @@ def ops_per_specter_token(engine, k: int = 4) -> float:
     from specterbench.plugins.host import get_host
     from specterbench.strategy import Request
 
-    strategy = get_host().strategies().get("specter")(k=k, bits=3)  # the int3 draft the README table counts
+    strategy = get_host().strategies().get("specter")(k=k, bits=3)  # the int3 draft, dequantized together (no kernel)
     configure(engine, strategy, engine.total_expert_bytes // 2)
     strategy.prepare(engine, None)
     request = Request("p0", PROMPT, 16)

@@ -28,8 +28,8 @@ FLOOR = "resident"  # every expert cached: the engine's per-expert compute witho
 #: before the request): no miss to place, fetch or evict — what drafting and verifying cost the host on their own,
 #: so that the gap of Specter's cell splits into speculation's share and the misses'
 SPECTER_RESIDENT = "specter, all resident"
-# Specter's options: K = 4 and its default draft (int4, group 128, int8 dense copy) since 2026-12-04; the tables of
-# earlier sessions pinned the int3 draft (``--specter-bits=3`` measures it again)
+# Specter's options: K = 4 and its default draft (int4, group 128, int8 dense copy), as a run uses it;
+# ``--specter-bits=3`` pins the int3 draft
 OPTIONS = {"specter": {"k": 4}}
 BUDGET_FRACTION = 0.5
 PROMPT_TOKENS = 16
@@ -226,7 +226,7 @@ def configure(engine, strategy, budget_bytes: int) -> None:
 
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
-    # --specter-default: the default draft, which the table has used since 2026-12-04 (accepted for the earlier commands)
+    # --specter-default: the default draft (accepted so that recorded commands that name it still run)
     argv = [a for a in argv if a != "--specter-default"]
     for a in [a for a in argv if a.startswith(("--specter-k=", "--specter-bits="))]:  # Specter's window / draft bits
         argv.remove(a)

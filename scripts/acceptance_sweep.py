@@ -7,13 +7,15 @@
 Each model is priced at the geometry it stands for (Mixtral-8x7B, Qwen1.5-MoE). The other lossless strategies run
 once per model; Specter and its ablation ``spec-host`` (same draft, governor, residents and host path, no lookahead)
 run once per (draft bits, error scale): the draft's acceptance moves with both, the other strategies do not; a budget
-the draft does not fit is reported as refused. ``--scales``: ``off`` (no calibration), ``model`` (the model's own draft-fidelity calibration:
-routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table row per (geometry, budget, bits, scale) — the draft's per-token agreement with its target
-(sampled at the default decode, teacher-forced on held-out text: the acceptance it offers), Specter's measured
-per-token acceptance where it drafted, and its speed-up — and per geometry, budget and draft bit width the bracket of the break-even agreement: the highest swept agreement at
-which Specter does not beat the strongest non-speculative strategy (and, per budget over every draft, the strongest of
-all, ``spec-host`` with the same draft included) and the lowest above it at which it does; a cell whose draft was released counts as no win. Cells
-below 0.97× ``cpu-experts`` (the floor) are listed with the governor's K choices.
+the draft does not fit is reported as refused. ``--scales``: ``off`` (no calibration), ``model`` (the model's own
+draft-fidelity calibration: routed experts' and output head's error scales) and ``Nx`` (N times both). Prints one table
+row per (geometry, budget, bits, scale) — the draft's per-token agreement with its target (sampled at the default
+decode, teacher-forced on held-out text: the acceptance it offers), Specter's measured per-token acceptance where it
+drafted, and its speed-up — and per geometry, budget and draft bit width the bracket of the break-even agreement: the
+highest swept agreement at which Specter does not beat the strongest non-speculative strategy (and, per budget over
+every draft, the strongest of all, ``spec-host`` with the same draft included) and the lowest above it at which it
+does; a cell whose draft was released counts as no win. Cells below 0.97× ``cpu-experts`` (the floor) are listed with
+the governor's K choices.
 """
 
 from __future__ import annotations
@@ -166,8 +168,9 @@ def main(argv=None) -> int:
     p.add_argument("--others", default=OTHERS, help="the other non-speculative lossless strategies to beat")
     p.add_argument("--out", type=Path, default=Path("results/acceptance-sweep"))
     args = p.parse_args(argv)
-    table = ["| geometry | budget | draft | draft agreement | Specter acceptance | mean accepted | K chosen (K:windows) | "
-             "Specter ms | cpu-experts ms | ÷ cpu-experts | spec-host ms | ÷ spec-host | strongest other | ÷ it |",
+    table = ["| geometry | budget | draft | draft agreement | Specter acceptance | mean accepted "
+             "| K chosen (K:windows) | Specter ms | cpu-experts ms | ÷ cpu-experts | spec-host ms | ÷ spec-host "
+             "| strongest other | ÷ it |",
              "|---|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     crossings, floor = [], []
     for model in args.models.split(","):
@@ -230,7 +233,8 @@ def main(argv=None) -> int:
                         f"{'–' if alpha is None else format(alpha, '.3f')} | "
                         f"{'–' if mean_len is None else format(mean_len, '.2f')} | {k_histogram(extra)}{released} | "
                         f"{r['tpot_ms']:.1f} | {'–' if b not in cpu else format(cpu[b]['tpot_ms'], '.1f')} | "
-                        f"{_x(over_cpu)} | {'–' if host is None or host.get('tpot_ms') is None else format(host['tpot_ms'], '.1f')} | "
+                        f"{_x(over_cpu)} | "
+                        f"{'–' if host is None or host.get('tpot_ms') is None else format(host['tpot_ms'], '.1f')} | "
                         f"{_x(over_host)} | {'–' if strongest is None else strongest['strategy']} | {_x(over_best)} |")
         for (b, bits), pts in sorted(plain_points.items()):
             crossings.append(crossing(f"{geometry} at {b:.0%}, int{bits} drafts, against the strongest "

@@ -1,6 +1,7 @@
 """Which decode setting routes most like teacher-forced text? The measurement behind the default of ``make bench``.
 
-    .venv/bin/python scripts/decode_closeness.py [--models tiny-mixtral,tiny-qwen-moe,tiny-deepseek] [--temperatures 0.7,1.0]
+    .venv/bin/python scripts/decode_closeness.py [--models tiny-mixtral,tiny-qwen-moe,tiny-deepseek]
+        [--temperatures 0.7,1.0]
 
 For each embedded model and each setting (greedy, then sampling at each temperature) it runs the realism report
 (:mod:`specterbench.studies.realism`: routing of the held-out text teacher-forced, and of the sampled

@@ -5,8 +5,7 @@ Besides the rules, a row whose status is not ``ok`` fails (a lossless strategy w
 ``lossless`` check), and when a reference is used every cell of the run must be in it. :func:`run_gate` returns a
 :class:`GateResult` (exit code 0 or 1); bad input raises :class:`UsageError` (the CLI's exit code 2).
 :func:`render` prints one line per failing check (cell, metric, reference, now, limit) and the goal lines;
-``--json PATH`` writes the same for CI systems. Run it as ``specterbench gate RUN`` or
-``python -m specterbench.analysis.gate RUN``.
+``--json PATH`` writes the same for CI systems. Run it as ``specterbench gate RUN``.
 """
 
 from __future__ import annotations

@@ -41,10 +41,10 @@ from specterbench.analysis.gate_metrics import (
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import ResultRow
 
-# The modeled clock is deterministic: the same code, seed and torch build give the same figures to the last bit
-# (two runs of the gate grid on the project's 2-core machine agreed on all 375 gated values). 0.5% leaves room
-# only for another CPU's float rounding flipping a rare near-tie expert choice; the smallest regressions the gate
-# exists for (a strategy's copies +5%, some speculative windows twice as slow) are ten times larger.
+# The modeled clock is deterministic: the same code, seed and torch build give the same figures to the last bit.
+# 0.5% leaves room only for another CPU's float rounding flipping a rare near-tie expert choice; the smallest
+# regressions the gate exists for (a strategy's copies +5%, some speculative windows twice as slow) are ten times
+# larger.
 DEFAULT_TOLERANCE_PCT = 0.5
 # A speed-up is a ratio of two metrics that may each move by DEFAULT_TOLERANCE_PCT: 1% covers both.
 DEFAULT_RATCHET_MARGIN_PCT = 1.0

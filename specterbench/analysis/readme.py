@@ -1,5 +1,6 @@
-"""The README's generated example: a real run's table and the command that made it, between two markers, so that the
-snippet and its command cannot drift apart (``make readme`` writes it, ``make readme-check`` fails when it is stale).
+"""The front page's generated example (``./README.md``): a real run's table and the command that made it, between two
+markers, so that the snippet and its command cannot drift apart (``make readme`` writes it, ``make readme-check``
+fails when it is stale).
 
 The run is the committed gate reference (``results/reference``): ``make reference`` records it with the Makefile's
 ``GATE_RUN_ARGS`` and ``make gate`` holds every later run to it, so the example is what the submitted code measures.

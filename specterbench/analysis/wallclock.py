@@ -1,22 +1,16 @@
 """Compare two pytest-benchmark runs of the harness's hot paths (``make bench-wallclock-compare``).
 
-On a shared machine one benchmark's host time moves by up to 2× between two runs of unchanged code (measured on
-this project's 2-core box: the per-benchmark ratio of the fastest round ranged 0.37–1.99 over 35 benchmarks), so
-no per-benchmark threshold both passes unchanged code and fails a real 2× slowdown. Noise on different benchmarks
-is partly independent, a slowdown of a hot path is not: the verdict is the **geometric mean over all benchmarks
-of the ratio of the fastest round** (``min``: the least disturbed by other processes). The machine's own load
-still moves that mean (0.56–1.16× between runs of unchanged code here), so it is divided by the ratio of a
-machine-speed probe timed beside the benchmarks (:mod:`specterbench.testing.wallclock_probe`), and fails above
-``--max-slowdown`` (default 1.3). Measured on 19 benchmarks (Dec 2026, the 2-core box with other jobs running):
-consecutive runs of unchanged code gave 1.075, 1.075, 0.678; every benchmarked call run twice (an emulated 2×
-slowdown; the short-request benchmarks gain less, their second call finds little left to do) gave 1.39–1.60
-against three baselines. On the full target (45 benchmarks, five runs of unchanged code in a row) the
-consecutive comparisons gave 1.075, 1.012, 1.549 and 0.587: one spike that the probe did not see (the request and
-scaling benchmarks ~2× slower, the rest and the probe unchanged) fails like a real 2× slowdown would. Per-benchmark
+On a shared machine one benchmark's host time moves by up to 2× between two runs of unchanged code, so no
+per-benchmark threshold both passes unchanged code and fails a real 2× slowdown. Noise on different benchmarks is
+partly independent, a slowdown of a hot path is not: the verdict is the **geometric mean over all benchmarks of the
+ratio of the fastest round** (``min``: the least disturbed by other processes). The machine's own load still moves
+that mean, so it is divided by the ratio of a machine-speed probe timed beside the benchmarks
+(:mod:`specterbench.testing.wallclock_probe`), and fails above ``--max-slowdown`` (default 1.3: above what runs of
+unchanged code gave, below an emulated 2× slowdown; the figures are linked from docs/results.md). Per-benchmark
 ratios are printed for reading, not judged.
 
-``python -m specterbench.analysis.wallclock results/benchmarks`` compares the newest saved run with the one before
-(``--benchmark-autosave`` files); ``python -m specterbench.analysis.wallclock BASE.json NEW.json`` compares two files.
+``specterbench wallclock-compare results/benchmarks`` compares the newest saved run with the one before
+(``--benchmark-autosave`` files); ``specterbench wallclock-compare BASE.json NEW.json`` compares two files.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ RAY_INSTALL_HINT = "pip install 'specterbench[ray]'"
 # Environment the driver's plugin host resolved names with; workers must see the same.
 PROPAGATED_ENV_PREFIXES = ("SPECTERBENCH_",)
 
-PRELOAD = ["specterbench.bench.runner", "specterbench.bench.sweep_jobs", "transformers.modeling_utils"]  # by the forkserver
+# imported by the forkserver
+PRELOAD = ["specterbench.bench.runner", "specterbench.bench.sweep_jobs", "transformers.modeling_utils"]
 
 
 class LocalExecutor:
@@ -219,7 +220,7 @@ class RayExecutor:
     their results reach the cells through Ray's object store (computed once, read by every cell that needs them).
 
     ``address``: None starts (or joins) a local Ray instance; ``auto`` joins the running cluster; ``ray://host:port``
-    connects through Ray Client. When Ray is already initialised in this process, that session is used.
+    connects through Ray Client. When Ray is already initialised in this process, that connection is used.
     ``retries``: how often Ray reruns a task whose worker or node died (default 0: it becomes an error row).
     """
 

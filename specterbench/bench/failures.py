@@ -31,8 +31,9 @@ def describe_failure(err: BaseException, strategy, engine) -> dict:
 
     ``plugin_frame``: the innermost frame in the strategy's own source files (``file:line in function``);
     ``decision_point``: the innermost decision point of the strategy on the stack (``before_layer``,
-    ``choose_victim``, … or ``generate`` when the failure is in its own decoding loop); ``layer``: the MoE layer being computed; ``position``: absolute position of the last token
-    of the forward that failed (the engine's ``context_len`` - 1)."""
+    ``choose_victim``, … or ``generate`` when the failure is in its own decoding loop); ``layer``: the MoE layer being
+    computed; ``position``: absolute position of the last token of the forward that failed (the engine's
+    ``context_len`` - 1)."""
     files = _strategy_files(strategy) if strategy is not None else set()
     plugin_frame = decision = layer = None
     for frame, lineno in traceback.walk_tb(err.__traceback__):
@@ -44,7 +45,8 @@ def describe_failure(err: BaseException, strategy, engine) -> dict:
         if code.co_name == "run_moe_layer" and isinstance(frame.f_locals.get("layer"), int):
             layer = frame.f_locals["layer"]
     position = getattr(engine, "context_len", None) if engine is not None else None
-    return {"strategy": getattr(strategy, "name", None), "plugin_frame": plugin_frame, "decision_point": decision, "layer": layer,
+    return {"strategy": getattr(strategy, "name", None), "plugin_frame": plugin_frame, "decision_point": decision,
+            "layer": layer,
             "position": None if position is None else int(position) - 1,
             "traceback": "".join(traceback.format_exception(type(err), err, err.__traceback__, limit=-12))}
 

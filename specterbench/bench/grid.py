@@ -247,7 +247,8 @@ def expand(grid: Grid, host: "PluginHost") -> list[Cell]:
             grid.tokens or (default["tokens"],), grid.geometries, grid.profiles, grid.seeds or (default["seed"],)):
         base = BenchConfig(models=(model,), strategies=strategies, budgets=grid.budgets, profile=profile,
                            geometry=resolve_geometry(geometry, host.models().get(model),
-                                                     grid.settings.get("clock", "modeled")), workload=workload, prompts=prompts, tokens=tokens, seed=seed,
+                                                     grid.settings.get("clock", "modeled")),
+                           workload=workload, prompts=prompts, tokens=tokens, seed=seed,
                            **grid.settings)
         base.validate(host)
         for sname in strategies:

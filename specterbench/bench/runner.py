@@ -280,7 +280,8 @@ class Runner:
         cfg = self.config
         prompts = encode_prompts(engine, load_prompts(cfg.calibration, 10**6), cfg.max_prompt_tokens)
         sequences = tuple(c.clone() for _, _, _, c, _ in self._resident_pass(engine, prompts, 16))
-        return RoutingCalibration(torch.stack(sequences).sum(0), tuple(ids for _, ids in prompts), sequences, cfg.decode)
+        return RoutingCalibration(torch.stack(sequences).sum(0), tuple(ids for _, ids in prompts), sequences,
+                                  cfg.decode)
 
     # ---- one cell ----------------------------------------------------------------------------------
     def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration) -> ResultRow:

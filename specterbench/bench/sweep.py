@@ -1,7 +1,7 @@
 """Sweeps: a grid file run as independent cells on a local process pool or a Ray cluster, into one ``rows.jsonl``.
 
-A grid (TOML; ``specterbench.bench.grid``, ``docs/sweeps.md``, ``examples/grid.toml``) names each axis — models, strategies, budgets,
-profiles, geometry, seeds, tokens, prompts, workload and per-strategy option axes such as
+A grid (TOML; ``specterbench.bench.grid``, ``docs/sweeps.md``, ``examples/grid.toml``) names each axis — models,
+strategies, budgets, profiles, geometry, seeds, tokens, prompts, workload and per-strategy option axes such as
 ``[strategy_options.specter] k = [2, 4, 8]`` — and expands to cells whose keys equal the keys of ``specterbench
 run``, so ``report``, the gate and ``--resume`` read a sweep's rows exactly as a single run's.
 

@@ -142,7 +142,8 @@ class Plan:
     expert_bytes: dict[str, int] = field(default_factory=dict)  # model -> total expert bytes, once known
 
     def failed(self, cell: Cell, reason: str) -> ResultRow:
-        return error_row(self.host, cell, run_identity(self.run_dir), self.env, reason, self.expert_bytes.get(cell.model))
+        return error_row(self.host, cell, run_identity(self.run_dir), self.env, reason,
+                         self.expert_bytes.get(cell.model))
 
     def shared_done(self, key: tuple, value) -> None:
         if isinstance(value, SharedReference):

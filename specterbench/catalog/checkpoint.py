@@ -1,7 +1,7 @@
 """Loading a local Hugging Face checkpoint of a supported MoE family with host memory ≈ its own bytes.
 
-``transformers.from_pretrained`` peaks at about twice a Mixtral-layout checkpoint's bytes of host RAM (1.9x
-measured on a 1 GB one: the per-expert tensors it reads plus the fused copies it converts them into). :func:`load_checkpoint` builds the model
+``transformers.from_pretrained`` peaks at about twice a Mixtral-layout checkpoint's bytes of host RAM (the
+per-expert tensors it reads plus the fused copies it converts them into). :func:`load_checkpoint` builds the model
 with uninitialised (so not yet resident) parameters and fills every tensor in place, one safetensors shard at a
 time: the per-expert ``w1``/``w3``/``w2`` (or ``gate_proj``/``up_proj``/``down_proj``) tensors go straight
 into their slice of the fused ``gate_up_proj`` [E, 2I, H] / ``down_proj`` [E, H, I] tensors. The peak is the
@@ -296,9 +296,8 @@ def write_random_checkpoint(path, config, *, seed: int = 0, std: float = 0.02, d
                             shard_bytes: int = 256 * 2**20) -> Path:
     """Write a seeded random-init checkpoint of ``config`` as the Hub lays it out: ``config.json``, per-expert
     tensors (``experts.<e>.w1/w3/w2`` or ``gate_proj/up_proj/down_proj``), ``model-XXXXX.safetensors`` shards of
-    about ``shard_bytes`` and ``model.safetensors.index.json``. Weights are uniform with standard deviation ``std``; norm
-    weights are ones, biases zeros. Host memory:
-    about one shard."""
+    about ``shard_bytes`` and ``model.safetensors.index.json``. Weights are uniform with standard deviation ``std``;
+    norm weights are ones, biases zeros. Host memory: about one shard."""
     from safetensors.torch import save_file
 
     family = config.model_type

@@ -40,7 +40,8 @@ def tiny_config(family: str):
         return tf.OlmoeConfig(**common, intermediate_size=32, num_experts=16, num_experts_per_tok=4)
     if family == "deepseek_v3":  # MLA: as many KV heads as query heads (GQA here breaks cached multi-token passes)
         return tf.DeepseekV3Config(
-            **{**common, "num_hidden_layers": 3, "num_key_value_heads": 4}, intermediate_size=96, moe_intermediate_size=32,
+            **{**common, "num_hidden_layers": 3, "num_key_value_heads": 4}, intermediate_size=96,
+            moe_intermediate_size=32,
             n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1, first_k_dense_replace=1,
             n_group=4, topk_group=2, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8,
             v_head_dim=16)

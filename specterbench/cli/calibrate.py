@@ -129,7 +129,8 @@ def cmd_calibrate(args) -> int:
     print(f"  link: {p.link_bytes_per_s / 1e9:.2f} GB/s, latency {p.link_latency_us:.1f} us (fit)")
     print(f"  launch: {p.launch_us:.2f} us per kernel")
     print(f"  compute ({m['device_dtype']}): gemv {p.mem_bytes_per_s / 1e9:.2f} GB/s "
-          f"({m['device_gemv_flops_per_s'] / 1e9:.2f} GFLOP/s at 1 token), {p.flops_per_s / 1e9:.1f} GFLOP/s at 64 tokens")
+          f"({m['device_gemv_flops_per_s'] / 1e9:.2f} GFLOP/s at 1 token), "
+          f"{p.flops_per_s / 1e9:.1f} GFLOP/s at 64 tokens")
     print(f"  host experts: {h.mem_bytes_per_s / 1e9:.2f} GB/s DRAM, {h.flops_per_s / 1e9:.1f} GFLOP/s, "
           f"{h.threads} threads, {h.launch_us:.1f} us dispatch")
     print(f"written: {path}  (use: --profile {path})")

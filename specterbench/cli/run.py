@@ -44,7 +44,8 @@ def run_config(args, host):
         budgets=budgets, profile=args.profile_name, clock=args.clock,
         geometry=args.geometry or None, host_profile=args.host_profile,
         workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
-        device=args.device, threads=args.threads, warmup=not args.no_warmup, strategy_options=strategy_options(args.set),
+        device=args.device, threads=args.threads, warmup=not args.no_warmup,
+        strategy_options=strategy_options(args.set),
         decode=decode_setting(args), precision=precision_setting(args), cuda_graphs=args.cuda_graphs)
     config.validate(host)
     from specterbench.bench.checks import check_workload_size

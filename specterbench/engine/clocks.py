@@ -2,9 +2,10 @@
 
 - :class:`ModeledClock` — a deterministic two-resource timeline (compute stream, copy link) plus the host CPU,
   priced by the cost model (:mod:`specterbench.engine.costs`). The same calls give the same times on any machine.
-- :class:`~specterbench.engine.cuda_clock.CudaClock` — measured: real copies from pinned memory on a dedicated copy stream fed by the copy
-  scheduler, CUDA events, host wall time with synchronisation.
-- :class:`~specterbench.engine.host_clock.HostWallClock` — measured on a machine without CUDA: host wall time only, copies are plain host copies.
+- :class:`~specterbench.engine.cuda_clock.CudaClock` — measured: real copies from pinned memory on a dedicated copy
+  stream fed by the copy scheduler, CUDA events, host wall time with synchronisation.
+- :class:`~specterbench.engine.host_clock.HostWallClock` — measured on a machine without CUDA: host wall time only,
+  copies are plain host copies.
 
 Every clock orders copies with the same :class:`~specterbench.engine.scheduler.CopyScheduler` (priorities, demand
 first, cancel of copies not started, bounded copies in flight), so the modeled clock prices the decisions the CUDA
@@ -375,7 +376,8 @@ class ModeledClock(Backlog):
         stream waits for the job (:meth:`wait_host`)."""
         c = self.costs
         hop = c.hop_seconds(op.act_bytes)
-        job = HostJob(fn(*(a.cpu() for a in args)), ready_s=self.now_s + hop, compute_s=c.host_compute_seconds(op, threads),
+        job = HostJob(fn(*(a.cpu() for a in args)), ready_s=self.now_s + hop,
+                      compute_s=c.host_compute_seconds(op, threads),
                       weight_bytes=op.weight_bytes, hop_s=hop)
         self._host_jobs.append(job)
         self._resolve_host()

@@ -15,8 +15,8 @@ call                                   meaning
 ``copy_s()``                           one expert copy host→device on an idle link (latency + bytes / bandwidth)
 ``pageable_copy_s()``                  one synchronous expert copy from pageable host memory (latency + bytes /
                                        the profile's ``pageable_link_bytes_per_s``); the compute stream waits
-``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device, alone (``bytes_ratio`` < 1: quantized,
-                                       run by ``kernel=`` (:mod:`~specterbench.engine.lowbit`), else the
+``expert_s(n_tokens, bytes_ratio=1)``  one expert over ``n_tokens`` on the device, alone (``bytes_ratio`` < 1:
+                                       quantized, run by ``kernel=`` (:mod:`~specterbench.engine.lowbit`), else the
                                        uniform kernel of that many bits per weight)
 ``expert_in_layer_s(n_tokens)``        what one more expert adds to its layer's grouped op (its FLOPs and bytes, no
                                        launches: the grouped op's launches do not depend on how many experts run)

@@ -243,7 +243,8 @@ class CudaClock(Backlog):  # pragma: no cover - needs CUDA (tests/engine/test_cl
     def compute(self, flops: float, nbytes: float, launches: int = 1, alu_ops: float = 0.0,
                 efficiency: float = 1.0, graph_nodes: int = 0) -> float:
         self._pump()  # every op the engine launches is a moment to feed the copy stream
-        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency, graph_nodes)  # the kernel takes the real time
+        # the kernel takes the real time
+        return self.costs.op_seconds(flops, nbytes, launches, alu_ops, efficiency, graph_nodes)
 
     def run_on_host(self, fn, op: HostOp, threads: int, *args) -> HostJob:
         """Inputs go to pinned host buffers on the compute stream (an event marks them ready); the run's worker

@@ -53,7 +53,7 @@ def dense_spec(bits, blocksize: int = 64, head_error_scale=None, quantizer=None)
     """The spec of a draft's dense copy at ``bits``, None for 16 (no copy); a one-line UsageError for bits outside
     :data:`DENSE_BITS`. ``quantizer`` (None: the default of the width): ``sym`` at 8 bits — int8 codes and one scale
     per output channel, computed by torch's int8 weight-only matmul where it runs — and the project's ``int``
-    (asymmetric, per group of ``blocksize``) at 4 and 3 bits; ``int`` at 8 bits names the earlier int8/g64 copy,
+    (asymmetric, per group of ``blocksize``) at 4 and 3 bits; ``int`` at 8 bits names an int8/g64 copy,
     dequantized into a 16-bit scratch."""
     try:
         n = int(bits)
@@ -186,7 +186,7 @@ class QuantizedDense:
     def __enter__(self):
         # an instance attribute ``forward``: nn.Module.__call__ uses it. Written into each module's dict (what
         # nn.Module.__setattr__ ends in for a plain value) from forwards bound once: entering is per draft step, and
-        # 233 __setattr__ calls and new partials a step (DeepSeek-V3 geometry) cost ~1 ms of a ~21 ms step
+        # a __setattr__ and a new partial per linear (~230 at DeepSeek-V3 geometry) would be a share of its host time
         if self._bound is None:
             self._bound = [self._direct(i) or functools.partial(self._forward, i) for i in range(len(self.modules))]
         for m, forward in zip(self.modules, self._bound):

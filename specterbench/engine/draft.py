@@ -124,8 +124,8 @@ def price_kernel(kernels, spec: QuantSpec):
     """The :class:`~specterbench.engine.lowbit.LowBitKernel` that prices weights run by ``kernels`` (the names
     :class:`~specterbench.engine.packing.PackedWeight` reports): torch's int4 mm and bitsandbytes' 4-bit gemv at
     their measured efficiency, torch's int8 weight-only matmul at gpt-fast's int8 weight-only figure (the same
-    layout: int8 codes, one scale per output channel); a weight dequantized into the 16-bit scratch is a 16-bit GEMM, its unpacking paid as
-    the scratch's write and read (in the caller's bytes) and the dequantization's launches."""
+    layout: int8 codes, one scale per output channel); a weight dequantized into the 16-bit scratch is a 16-bit GEMM,
+    its unpacking paid as the scratch's write and read (in the caller's bytes) and the dequantization's launches."""
     kernels = set(kernels)
     if "dequant" in kernels:
         return BF16
@@ -200,9 +200,8 @@ class QuantizedExperts:
         self.packed: dict = {}
         for key in engine.store.weights:
             pair = engine.store.values(key)  # the target's values (a quantized target's dequantized from its store)
-            self.packed[key] = tuple(packing.PackedWeight(error_scaled(w.to(engine.device), spec).to(engine.compute_dtype), spec,
-                                                          engine.compute_dtype)
-                                     for w in pair)
+            scaled = (error_scaled(w.to(engine.device), spec).to(engine.compute_dtype) for w in pair)
+            self.packed[key] = tuple(packing.PackedWeight(w, spec, engine.compute_dtype) for w in scaled)
         first = self.packed[next(iter(self.packed))]
         # layer -> (gate_up, down): each a StackedWeights where that projection is dequantized (a step's routed
         # experts dequantized together), None where a low-bit kernel runs it (one call per expert)

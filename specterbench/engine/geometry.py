@@ -1,6 +1,6 @@
 """Byte and FLOP geometry of an MoE model, the modeled clock's price list.
 
-By default a model is priced at its own size. A geometry preset (issue: real-model presets) may price a small
+By default a model is priced at its own size. A geometry preset (a real model's sizes) may price a small
 model's real routing at the sizes of a large one; then every figure is labelled with the geometry's name.
 """
 

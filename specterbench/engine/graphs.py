@@ -8,7 +8,8 @@ tokens, so its tensors' addresses and shapes change). What has static shapes for
 no cache is captured: each MoE layer's **router** and, in families that have them, its **shared experts**
 (:func:`capturable_pieces`). One graph per (piece, T) with static input and output buffers, captured lazily the
 first time a decode or verification forward of width T (at most :data:`MAX_WIDTH` tokens) reaches the piece on
-CUDA; prefill stays eager. A replay copies its input in and launches the graph (:data:`REPLAY_LAUNCHES`). Capturing attention too would need a static KV cache — not done (see README).
+CUDA; prefill stays eager. A replay copies its input in and launches the graph (:data:`REPLAY_LAUNCHES`).
+Capturing attention too would need a static KV cache, which the engine does not use (docs/gpu.md, CUDA graphs).
 
 Every other kernel stays eager, and the modeled clock prices exactly that (``CostModel.dense_layer(captured=
 True)``: the pieces' kernels as graph nodes at ``graph_node_us``, one launch per replay, the rest at

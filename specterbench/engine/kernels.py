@@ -5,8 +5,8 @@ part of a layer (attention, norms, rotary, router, shared experts), the per-forw
 norm, head), the engine's grouped expert op, one expert of the per-expert path, the on-device sampler. The cost
 model (:mod:`specterbench.engine.costs`) charges launches from it and nothing else; the expert figures are the
 engine's own code (:data:`GROUPED_EXPERT_LAUNCHES`, :data:`PER_EXPERT_LAUNCHES`), the dense figures are counted on
-the engine's own model once (:mod:`specterbench.engine.launch_count`), so a family whose attention issues more ops is priced
-for them. ``tests/engine/test_kernels.py`` counts whole decode steps and holds the description to them.
+the engine's own model once (:mod:`specterbench.engine.launch_count`), so a family whose attention issues more ops is
+priced for them. ``tests/engine/test_kernels.py`` counts whole decode steps and holds the description to them.
 
 :class:`LaunchCounter` is a ``TorchDispatchMode`` that counts aten ops which launch a kernel on a device: views and
 bare allocations are not counted; a read of device values by the host (:func:`host_read`, the engine's only way to

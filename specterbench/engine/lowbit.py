@@ -1,4 +1,5 @@
-"""Low-bit kernels as they run: what each quantized weight format's device kernel achieves (issue 27).
+"""Low-bit kernels as they run: what each quantized weight format's device kernel achieves, so that a
+low-bit draft or target is priced as it runs rather than by its bits alone.
 
 A weight-only low-bit kernel at decode shapes streams packed weights from device memory and unpacks them in
 registers (shifts, masks, a rescale by the group's scale and zero) before the tensor-core multiply. The modeled clock

@@ -183,8 +183,8 @@ _BNB_CODES: dict = {}  # (quant type, device) -> the one code table every bitsan
 class PackedWeight:
     """One weight ``[R, C]`` as packed codes plus per-group metadata (see the module docstring).
 
-    ``kernel``: ``int4mm`` | ``int8mm`` | ``bnb-gemv`` | ``dequant`` — what :meth:`linear` runs. ``scratch_elems(rows)``: the
-    scratch elements :meth:`linear` needs when it may dequantize ``rows`` rows at a time.
+    ``kernel``: ``int4mm`` | ``int8mm`` | ``bnb-gemv`` | ``dequant`` — what :meth:`linear` runs.
+    ``scratch_elems(rows)``: the scratch elements :meth:`linear` needs when it may dequantize ``rows`` rows at a time.
     """
 
     __slots__ = ("shape", "spec", "group", "codes", "scale", "zero", "state", "kernel", "table")

@@ -5,8 +5,8 @@ the pool's rows) and ``table`` [L, E] maps every (MoE layer, expert) to its slot
 So a layer's experts run as **one grouped GEMM per projection over the pool** with the routed expert ids remapped
 to slots on the device (:func:`specterbench.engine.moe_layer.grouped_experts`). ``mode`` says how: ``grouped``
 (``F.grouped_mm``, on CUDA where it runs for the dtype and shapes) or ``gathered`` (each routing's slot weights
-gathered into one batched GEMM: on the CPU, whose ``grouped_mm`` walks every group serially — 12 ms per call over
-15,000 slots — and wherever the grouped kernel is refused).
+gathered into one batched GEMM: on the CPU, whose ``grouped_mm`` walks every group serially — O(slots) per call, and
+a cache holds thousands — and wherever the grouped kernel is refused).
 
 A quantized target's pool (``template``: the store's packed expert, :mod:`specterbench.engine.store`) runs in mode
 ``packed``: each weight's packed tensors (codes, per-group scale and zero) are stacked over the slots — ``gate_up``
@@ -37,7 +37,7 @@ class SlotPool:
         self.slots = 0
         self.gate_up, self.down = self._allocate(0)  # [S, 2I, H], [S, H, I] (packed: tuples of [S, ...] parts)
         self.table = torch.zeros(num_layers, num_experts, dtype=torch.long, device=self.device)  # [L, E]
-        # on the CPU the table's own memory, written in place without a tensor op per cache entry (~15 µs each)
+        # on the CPU the table's own memory, written in place: a tensor op per cache entry costs far more than the write
         self._cells = self.table.numpy() if self.device.type == "cpu" else None
         self.owner: list = []  # slot -> the cache entry (Slot) living in it, or None
         self.free: list[int] = []

@@ -31,7 +31,7 @@ class QuantSpec:
     quant_type: str = "nf4"  # bnb 4-bit only: nf4 | fp4
     blocksize: int = 64  # bnb block / int and hqq group size
     quantizer: str = "bnb"
-    #: draft-fidelity calibration (issue 24): the draft quantizes ``W + (s−1)·(Q(W)−W)`` with this same format —
+    #: draft-fidelity calibration: the draft quantizes ``W + (s−1)·(Q(W)−W)`` with this same format —
     #: real codes of the format that err more as ``s`` grows (about (s−1)× W's own rounding error from s ≈ 4; below
     #: that the points mostly keep their codes and the wider group ranges move the grid; draft_calibration.json
     #: records the realized RMS ratio); None: the model's calibration (``config.draft_error_scale``, from an

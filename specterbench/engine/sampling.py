@@ -213,5 +213,5 @@ GREEDY = DecodeSetting()
 
 #: The project's default decode (``make bench``, ``specterbench run``, sweeps, the gate): Gumbel-max sampling at
 #: T = 1.0, the measured setting whose routing is closest to teacher-forced routing on held-out text over the shipped
-#: stand-ins (``scripts/decode_closeness.py``; README "Decode modes"); greedy continuations of these models loop.
+#: stand-ins (``scripts/decode_closeness.py``; docs/clock.md, Decode modes); greedy continuations of these models loop.
 DEFAULT_DECODE = DecodeSetting.sample(temperature=1.0)

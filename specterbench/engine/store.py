@@ -10,8 +10,8 @@ Every routed expert lives in host memory as a pair of per-expert tensors, ``gate
   pinned memory and nothing is copied; a small one (or one the driver refuses) is copied into pinned memory and
   its original freed. Registered memory is unregistered when the store goes away.
 
-So the peak while building is the model's own bytes plus one layer, never the model twice (EVIDENCE §3: the
-old store was built while every original fused tensor was still alive).
+So the peak while building is the model's own bytes plus one layer, never the model twice (as it would be were the
+store built while every original fused tensor is still alive).
 
 ``device_expert_bytes`` is what one expert really occupies on the device once copied there in the compute
 dtype: the bytes a cache slot must be charged (an fp32 model's slots are twice its bf16 store's).

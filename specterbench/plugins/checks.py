@@ -15,8 +15,9 @@ class, when its plugin calls ``register(cls)``, and raise :class:`~specterbench.
 - a method written against a contract that has changed since (:data:`CHANGED`), with what changed.
 
 Each message names the plugin, the class, the method or attribute and the fix; :func:`strategy_problems` gives
-every problem of a class (the host warns about each and leaves the class out), :func:`check_strategy` the first. Helpers whose names merely resemble
-a decision point are refused too: give them a name unlike one (``_pick`` rather than ``choose_victims``).
+every problem of a class (the host warns about each and leaves the class out), :func:`check_strategy` the first.
+Helpers whose names merely resemble a decision point are refused too: give them a name unlike one (``_pick`` rather
+than ``choose_victims``).
 """
 
 from __future__ import annotations

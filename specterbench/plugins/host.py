@@ -264,7 +264,8 @@ class PluginHost:
         if known is not None:
             if known.obj != profile:
                 raise UsageError(f"--profile {path}: its name {profile.name!r} is already taken by "
-                                 f"{known.plugin.name!r} with other figures; rename it (calibrate --name, or edit name)")
+                                 f"{known.plugin.name!r} with other figures; rename it "
+                                 "(calibrate --name, or edit name)")
             return names
         self.add(f"profile-file:{Path(path).resolve()}", profiles=[profile],
                  host_profiles=[host_profile] if host_profile else [])

@@ -4,8 +4,9 @@
 ``--resume DIR`` alone continues the run exactly as it was started; an option given with ``--resume`` that
 differs from the saved one is refused, and so is a folder of another kind (a sweep's, or one without ``run.json``)
 or a ``--run-id`` that names another folder. ``.lock`` is held (``flock``) while a process writes the folder: a second
-writer is refused instead of interleaving rows; the file is removed when the writer lets go. A run killed mid-write can leave a partial last line in
-``rows.jsonl``; :func:`repair_rows` sets it aside before the resume appends, so every complete row survives.
+writer is refused instead of interleaving rows; the file is removed when the writer lets go. A run killed mid-write
+can leave a partial last line in ``rows.jsonl``; :func:`repair_rows` sets it aside before the resume appends, so every
+complete row survives.
 """
 
 from __future__ import annotations

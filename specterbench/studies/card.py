@@ -143,11 +143,13 @@ def _geometry_lines(config: dict) -> list[str]:
     k = config["num_experts_per_tok"]
     arch = config["architectures"][0]
     dense = int(config.get("first_k_dense_replace") or 0)
-    where = "every layer MoE" if not dense else f"the first {dense} layer(s) dense (MLP {config['intermediate_size']}), " \
-                                               f"the other {config['num_hidden_layers'] - dense} MoE"
+    where = "every layer MoE" if not dense else (f"the first {dense} layer(s) dense "
+                                                 f"(MLP {config['intermediate_size']}), "
+                                                 f"the other {config['num_hidden_layers'] - dense} MoE")
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     lines = [
-        f"- architecture: `{arch}` (transformers `{config['model_type']}`), {config['num_hidden_layers']} layers, {where}",
+        f"- architecture: `{arch}` (transformers `{config['model_type']}`), {config['num_hidden_layers']} layers, "
+        f"{where}",
         f"- hidden {config['hidden_size']}, {config['num_attention_heads']} attention heads "
         f"({config['num_key_value_heads']} KV heads, head dim {head_dim}), context "
         f"{config['max_position_embeddings']}, vocab {config['vocab_size']}, tied input/output embeddings",

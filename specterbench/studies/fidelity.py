@@ -13,14 +13,14 @@ sampler, the same noise for model and copy at each position, i.e. what speculati
 |top-k(model) ∩ top-k(copy)| / k and ``exact_set`` the share of (token, MoE layer) pairs whose top-k sets are equal
 (order ignored), also per layer.
 
-The draft-fidelity **calibration** (issue 24): the stand-ins quantize far better than real models (a 3-bit draft
-agreed on 99.8% of tokens), so each model may carry scales on its draft's quantization error, fitted on *training*
-text (never the held-out text measured here, nor the benchmark prompts) to the published int4 anchors and stored in
-the model's ``draft_calibration.json``: ``error_scale`` on the routed experts (to MoE-SpeQ's exact expert set 0.909)
-and ``head_error_scale`` on the output head of the draft's dense copy (to greedy agreement 0.92). A scaled draft
-quantizes ``W + (s−1)·(Q(W)−W)`` with the same format: real codes of that format, erring more than W's own rounding
-(the stored ``realized_rms_error_ratio`` says by how much). :func:`fit_calibration` does the fit; every draft built
-from the model takes it by default (:meth:`QuantSpec.for_model`, :class:`QuantizedDense`).
+The draft-fidelity **calibration**: the stand-ins quantize far better than real models (uncalibrated, even a 3-bit
+draft agrees on nearly every token), so each model may carry scales on its draft's quantization error, fitted on
+*training* text (never the held-out text measured here, nor the benchmark prompts) to the published int4 anchors and
+stored in the model's ``draft_calibration.json``: ``error_scale`` on the routed experts (to MoE-SpeQ's exact expert
+set 0.909) and ``head_error_scale`` on the output head of the draft's dense copy (to greedy agreement 0.92). A scaled
+draft quantizes ``W + (s−1)·(Q(W)−W)`` with the same format: real codes of that format, erring more than W's own
+rounding (the stored ``realized_rms_error_ratio`` says by how much). :func:`fit_calibration` does the fit; every draft
+built from the model takes it by default (:meth:`QuantSpec.for_model`, :class:`QuantizedDense`).
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ from specterbench.engine.quant_spec import roundtrip
 from specterbench.engine.sampling import DEFAULT_DECODE
 from specterbench.engine.seam import find_moe_blocks
 
-#: published anchors of a real 4-bit draft (EVIDENCE §2), printed beside the int4/g128 rows
+#: published anchors of a real 4-bit draft, printed beside the int4/g128 rows
 ANCHORS = {
     "exact_set": (0.909, "MoE-SpeQ arXiv 2511.14102 Fig. 6: INT4-g128 draft of Qwen1.5-MoE, same top-4 set as FP16"),
     "greedy": (0.91, "QuantSpec arXiv 2502.10424: 4-bit self-draft acceptance 0.91–0.94; MoE-SpeQ §4.5 'over 90%'"),
 }
-#: the bands the int4/g128 draft is held to (issue 24)
+#: the bands the int4/g128 draft is held to, around the published anchors
 INT4_BANDS = {"exact_set": (0.87, 0.95), "greedy": (0.88, 0.95)}
-#: at most this share of tokens may survive removing the routed experts (issue 24)
+#: at most this share of tokens may survive removing the routed experts (a real MoE's tokens collapse without them)
 REMOVED_MAX = 0.30
 
 
@@ -95,7 +95,8 @@ def draft_copy(model, spec, dense=None):
 
 
 @torch.no_grad()
-def agreement(model, other, windows: torch.Tensor, decode=None, batch_size: int = 8, label: str = "heldout") -> Agreement:
+def agreement(model, other, windows: torch.Tensor, decode=None, batch_size: int = 8,
+              label: str = "heldout") -> Agreement:
     """Teacher-forced agreement of ``other`` with ``model`` on ``windows`` [W, T] (every position predicts the next
     token; the sampler's noise of window i, position t is that of request ``f"{label}-{i}"`` at t + 1)."""
 
@@ -161,7 +162,7 @@ def error_scale_of(directory: str | Path | None) -> float:
 
 #: what the calibration is fitted to, on training text: the int4/g128 draft's exact expert-set agreement (the
 #: routed experts' scale; MoE-SpeQ's 0.909) and then its greedy token agreement (the head's scale; the middle of
-#: the published 4-bit self-draft acceptance 0.91–0.94 and of the issue's band 0.88–0.95)
+#: the published 4-bit self-draft acceptance 0.91–0.94 and of the greedy band of INT4_BANDS)
 FIT_EXACT_SET = 0.909
 FIT_GREEDY = 0.92
 FIT_WINDOWS = 8
@@ -189,7 +190,7 @@ def fit_calibration(model, tokenizer, seq_len: int, n_windows: int = FIT_WINDOWS
                     log=print) -> DraftCalibration:
     """Fit a model's draft-fidelity calibration on windows of the *training* works (never the held-out text the
     report measures on, nor the benchmark prompts), the int4/g128 draft with Specter's 8-bit dense copy (int8 per
-    channel, the int8 kernel's format, since the int8 kernel; the calibrations fitted before it used int8/g64):
+    channel, the int8 kernel's format, as Specter's drafts run):
 
     1. the routed experts' error scale, bisected (log scale) to an exact expert-set agreement of
        :data:`FIT_EXACT_SET` (the output head does not move routing, so this comes first);

@@ -31,7 +31,7 @@ from specterbench.studies.specs import SPECS
 
 PUBLISHED_PATH = Path(__file__).resolve().parent / "published_routing.json"
 
-#: metrics held to a tolerance (issue 14): model-level LRU at ρ=1, 2 and Belady at ρ=2 within ±0.08, SRP ±8 points
+#: metrics held to a tolerance of the published figure: model-level LRU at ρ=1, 2 and Belady ρ=2 ±0.08, SRP ±8 points
 TOLERANCES = {"lru_rho1": 0.08, "lru_rho2": 0.08, "belady_rho2": 0.08, "srp_m16": 8.0, "lru_exec_rho2": 0.08}
 #: a metric held to another's published figure: the execution-order LRU reading against the paper's LRU (the paper
 #: publishes only its own, batched reading; the execution-order one is what an engine's model-level cache sees)
@@ -150,8 +150,8 @@ def repeated_ngram_share(seqs, n: int = 8) -> float:
 
 @torch.no_grad()
 def sampled_continuations(model, tokenizer, decode, size: ReportSize = DEFAULT_SIZE, workload: str | None = None):
-    """``(prompt id, prompt ids, continuation ids)`` of the benchmark prompts under ``decode``: one token per forward with a
-    KV cache, each chosen by the prompt's :meth:`Request.sampler` (Gumbel-max noise tied to the seed, prompt id
+    """``(prompt id, prompt ids, continuation ids)`` of the benchmark prompts under ``decode``: one token per forward
+    with a KV cache, each chosen by the prompt's :meth:`Request.sampler` (Gumbel-max noise tied to the seed, prompt id
     and absolute position, exactly as the harness's reference decode draws it)."""
     from transformers import DynamicCache
 
@@ -259,10 +259,10 @@ def fidelity_setup(error_scale: float, head_error_scale: float) -> dict:
 
 
 def fidelity_rows(model, tokenizer, seq_len: int, size: ReportSize = DEFAULT_SIZE, draft: bool = True) -> dict:
-    """The rows that decide speculative offloading (issue 24), teacher-forced on ``size.draft_windows`` held-out
-    windows: agreement with the routed experts removed, and of int4/int3/int2 g128 drafts with Specter's int8 dense
-    copy at the model's draft-fidelity calibration; each with its checks (:data:`fidelity.INT4_BANDS`,
-    :data:`fidelity.REMOVED_MAX`, int2 < int3 < int4)."""
+    """The rows that decide whether speculative offloading is measured fairly here, teacher-forced on
+    ``size.draft_windows`` held-out windows: agreement with the routed experts removed, and of int4/int3/int2 g128
+    drafts with Specter's int8 dense copy at the model's draft-fidelity calibration; each with its checks
+    (:data:`fidelity.INT4_BANDS`, :data:`fidelity.REMOVED_MAX`, int2 < int3 < int4)."""
 
     windows = corpus.text_windows(tokenizer, max(1, size.draft_windows), seq_len)
     removed = fidelity.agreement(model, fidelity.without_routed_experts(model), windows)

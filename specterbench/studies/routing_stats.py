@@ -219,7 +219,8 @@ def format_table(stats: dict) -> str:
         f"E={stats['num_experts']}, top-k={stats['top_k']}, {stats['tokens']} held-out tokens "
         f"({stats['windows']} windows × {stats['seq_len']}). Uniform random: reuse = k/E = "
         f"{stats['uniform_reuse_overlap']}, any-reuse = 1 − C(E−k,k)/C(E,k) = {stats['uniform_reuse_any']}, "
-        f"next-gate recall = k/E = {stats['uniform_reuse_overlap']}, entropy = log2 E = {stats['uniform_entropy_bits']} bits."
+        f"next-gate recall = k/E = {stats['uniform_reuse_overlap']}, "
+        f"entropy = log2 E = {stats['uniform_entropy_bits']} bits."
     )
     if stats.get("lru_hit_rate"):
         rows.append("")

@@ -65,22 +65,22 @@ class routed_experts_removed:
 
 
 def reliance_loss(model, inputs: torch.Tensor, targets: torch.Tensor, floor: float) -> tuple[torch.Tensor, float]:
-    """The expert-reliance loss (issue 24): ``relu(floor − CE)`` of the batch decoded with the routed experts removed.
+    """The expert-reliance loss: ``relu(floor − CE)`` of the batch decoded with the routed experts removed.
 
     A real MoE's next token collapses without its routed experts; a small model trained briefly leans on attention,
-    shared experts and dense layers instead (86–92% of tokens survived removing the routed experts). The hinge trains
-    the rest of the network to be useless on its own — up to ``floor`` nats of cross-entropy (about the uniform
-    distribution's ln V), no further — so that the next token has to come through the routed experts. Returns the
-    loss and the removed path's cross-entropy."""
+    shared experts and dense layers instead (without this loss, most tokens survive removing the routed experts).
+    The hinge trains the rest of the network to be useless on its own — up to ``floor`` nats of cross-entropy (about
+    the uniform distribution's ln V), no further — so that the next token has to come through the routed experts.
+    Returns the loss and the removed path's cross-entropy."""
     with routed_experts_removed(model):
         logits = model(input_ids=inputs, use_cache=False).logits
     ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
     return torch.relu(floor - ce), float(ce.detach())
 
 
-#: transformers' fused-expert kernel for training: same routing and outputs as the eager loop over experts, about
-#: 2.3x fewer CPU seconds per step with 60-64 experts. config.json does not record it (the engine's seam
-#: replaces the experts module anyway).
+#: transformers' fused-expert kernel for training: same routing and outputs as the eager loop over experts, in far
+#: fewer CPU seconds per step with 60-64 experts. config.json does not record it (the engine's seam replaces the
+#: experts module anyway).
 TRAIN_EXPERTS_IMPLEMENTATION = "grouped_mm"
 
 
@@ -200,7 +200,8 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
             g["lr"] = lr_at(step, total, spec)
         b = batch()
         out = model(input_ids=b[:, :-1], output_router_logits=True, use_cache=False)
-        ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(), b[:, 1:].reshape(-1))
+        ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]).float(),
+                                               b[:, 1:].reshape(-1))
         over_batch, within_seq = balance_losses(out.router_logits, k, len(b))
         loss = ce + spec.aux_batch * over_batch + spec.aux_seq * within_seq
         opt.zero_grad(set_to_none=True)
@@ -278,7 +279,8 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
             loaded_eval[key] = evaluate(m, full)
         subset_eval[key] = evaluate(m, subset)
         del m
-    log(f"[{name}] reloaded bf16 weights: full held-out loss (fp32 compute) {loaded_eval}; 64-window subset {subset_eval}")
+    log(f"[{name}] reloaded bf16 weights: full held-out loss (fp32 compute) {loaded_eval}; "
+        f"64-window subset {subset_eval}")
 
     info = {
         "model": name,
@@ -289,7 +291,8 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
         "seq_len": spec.seq_len,
         "tokens_seen": total_steps * spec.batch_size * spec.seq_len,
         "lr": spec.lr,
-        "schedule": f"AdamW(b1=0.9,b2=0.95,wd={spec.weight_decay}) linear warmup {spec.warmup_frac:.0%} then cosine to {spec.min_lr_ratio}x",
+        "schedule": f"AdamW(b1=0.9,b2=0.95,wd={spec.weight_decay}) linear warmup {spec.warmup_frac:.0%} "
+                    f"then cosine to {spec.min_lr_ratio}x",
         "grad_clip": spec.grad_clip,
         "aux_batch": spec.aux_batch,
         "aux_seq": spec.aux_seq,

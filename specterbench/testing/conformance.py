@@ -128,7 +128,8 @@ class Watch:
 
     ``limit`` is the cache size the budget leaves after the strategy's own device bytes, as
     :meth:`Engine.configure` computes it, plus what the strategy has given back since
-    (:meth:`Engine.release_device_bytes`); ``allowed`` the largest it has been. Violations are recorded, not raised, so each test reports its rule.
+    (:meth:`Engine.release_device_bytes`); ``allowed`` the largest it has been. Violations are recorded, not raised,
+    so each test reports its rule.
     """
 
     def __init__(self, engine, strategy, budget_bytes: int):

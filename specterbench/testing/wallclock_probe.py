@@ -1,9 +1,9 @@
 """pytest plugin for ``make bench-wallclock-compare``: how fast *this machine* is right now, measured beside the
 benchmarks (``-p specterbench.testing.wallclock_probe``).
 
-A shared machine's load changes between two runs of unchanged code by more than a real slowdown (measured here:
-the geometric mean of the benchmarks' fastest rounds moved 0.56–1.16× between runs). Before the session and after
-every benchmark the probe times a fixed workload shaped like the harness's hot paths (dict and list bookkeeping
+A shared machine's load changes between two runs of unchanged code by more than a real slowdown would (the
+geometric mean of the benchmarks' fastest rounds moves with it). Before the first benchmark and after every one the
+probe times a fixed workload shaped like the harness's hot paths (dict and list bookkeeping
 in Python, small tensor ops) and keeps the fastest of each window; the JSON gets ``probe_s``, the geometric mean
 of those window minima (the machine's speed while the benchmarks ran), so that
 :mod:`specterbench.analysis.wallclock` compares benchmarks relative to the machine's speed in each run.

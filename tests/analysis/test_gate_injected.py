@@ -1,4 +1,4 @@
-"""The injected regressions of issue 18, on synthetic result rows: per-window modeled times summarised the way
+"""Injected regressions the gate exists to catch, on synthetic result rows: per-window modeled times summarised the way
 the runner does, for a grid shaped like the gate's (two stand-ins, two budgets, the default decode)."""
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def gate_grid() -> list[ResultRow]:
                 extra = ({"tokens_per_window": 4.6, "k": 4, "strategy_options": None} if strategy in SPECULATIVE
                          else {})
                 row = base_row(cell=f"{model}|{geometry}|{strategy}|{budget}", model=model, geometry=geometry,
-                               geometry_label=f"{geometry} (projection)", strategy=strategy, budget_fraction=1.0 if strategy == "resident" else budget,
+                               geometry_label=f"{geometry} (projection)", strategy=strategy,
+                               budget_fraction=1.0 if strategy == "resident" else budget,
                                lossless_strategy=not lossy, token_agreement=0.92 if lossy else 1.0,
                                lossless=None if lossy else True, decode=dict(SAMPLE), prompts=4, new_tokens=16,
                                ttft_ms=50.0 * scale, hit_rate=0.6 + budget / 2, h2d_bytes=6_000_000,
@@ -105,7 +106,7 @@ def test_doubling_40_percent_of_a_speculative_strategys_windows_fails_though_the
     windows = windows_of("specter", 30.0 * (1.2 - 0.35))
     slow = sorted(range(len(windows)), key=lambda w: windows[w][1])[-round(0.4 * len(windows)):]  # the slowest 40%
     new[i] = summarise(new[i], [(n, ms * 2 if w in slow else ms) for w, (n, ms) in enumerate(windows)])
-    assert new[i].tpot_ms == ref[i].tpot_ms  # what the old median-only gate saw
+    assert new[i].tpot_ms == ref[i].tpot_ms  # what a median-only gate would see
     result = run_gate(new, ref, RULES)
     assert {m for _, m in failing(result)} >= {"tpot_mean_ms", "tpot_p90_ms"}
     assert {who for who, _ in failing(result)} == {"specter @ 35%"}
@@ -215,7 +216,8 @@ def test_each_failure_is_one_line_and_the_same_in_json(tmp_path):
     assert f["metric"] == "h2d_bytes_per_token" and f["cell"].startswith("tiny-mixtral@mixtral · lru @ 50%")
     assert f["reference"] == ref[i].h2d_bytes_per_token and f["now"] == new[i].h2d_bytes_per_token
     line = render(run_gate(new, ref, RULES), passes=False).splitlines()[1]
-    assert line.startswith("FAIL  tiny-mixtral@mixtral · lru @ 50%") and "h2d_bytes_per_token: reference 1900000, " in line
+    assert line.startswith("FAIL  tiny-mixtral@mixtral · lru @ 50%")
+    assert "h2d_bytes_per_token: reference 1900000, " in line
     assert "now 1995000, limit 1909500 — +5.00%" in line
 
 

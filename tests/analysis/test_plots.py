@@ -66,8 +66,8 @@ def test_error_rows_are_left_out_and_strategies_are_lines(tmp_path, figures):
 
 def test_host_clock_plots_host_wall_time_never_tpot(tmp_path, figures):
     write_plots(tmp_path, [row(clock="host", profile="-", tpot_ms=None)])
-    assert figures[0].get_ylabel().startswith("host wall time, median over decode tokens (ms/token)") and "not a GPU's TPOT" in \
-        figures[0].get_ylabel()
+    label = figures[0].get_ylabel()
+    assert label.startswith("host wall time, median over decode tokens (ms/token)") and "not a GPU's TPOT" in label
 
 
 def test_a_projection_says_so(tmp_path, figures):

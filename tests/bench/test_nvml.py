@@ -247,7 +247,7 @@ def test_without_counters_the_sampled_throughput_is_the_fallback(fake_gpu):
     fake = fake_gpu(counters_supported=False)
     r = run_cell(fake, "k2", moved_rx=10**9)
     assert r.extra["nvml_source"] == "sampled-throughput"
-    assert r.nvml_h2d_bytes is not None and r.nvml_h2d_bytes != 10**9  # integrated, not counted  # integrated from 1000 KB/s, not counted
+    assert r.nvml_h2d_bytes is not None and r.nvml_h2d_bytes != 10**9  # integrated from 1000 KB/s, not counted
 
 
 def test_a_counter_that_went_backwards_leaves_the_columns_empty_with_a_note(fake_gpu):

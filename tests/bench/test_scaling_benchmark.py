@@ -1,6 +1,6 @@
-"""``benchmarks/scaling.py`` (the harness-scale table of the README, ``make bench-wallclock``) end to end at a small
-geometry: every cell decodes every prompt to its reference's tokens and prints ``mean / median``; bad flags are one
-line and exit 2."""
+"""``benchmarks/scaling.py`` (the harness-scale table of docs/results.md, ``make bench-wallclock``) end to end at a
+small geometry: every cell decodes every prompt to its reference's tokens and prints ``mean / median``; bad flags are
+one line and exit 2."""
 
 from __future__ import annotations
 

@@ -59,7 +59,8 @@ def test_validate_runs_measured_and_modeled_on_the_host(tmp_path, small_prompts)
         assert c.measured_clock == "host"
     assert (tmp_path / "v" / "validate.md").read_text() == text
     assert (tmp_path / "v" / "validate.json").exists()
-    assert (tmp_path / "v" / "measured" / "rows.jsonl").exists() and (tmp_path / "v" / "modeled" / "rows.jsonl").exists()
+    assert (tmp_path / "v" / "measured" / "rows.jsonl").exists()
+    assert (tmp_path / "v" / "modeled" / "rows.jsonl").exists()
 
 
 def test_a_folder_that_holds_a_validation_is_refused(tmp_path):

@@ -107,7 +107,7 @@ def test_loads_offline_fast_in_eval_mode(loaded, name):
 @pytest.mark.parametrize("name", embedded.EMBEDDED_MODELS)
 def test_default_decode_is_readable(loaded, name):
     """The harness's default (sampled) decode of a benchmark prompt reads as words (greedy continuations of
-    these small models loop; README "Decode modes")."""
+    these small models loop; docs/clock.md, Decode modes)."""
     from specterbench.engine.sampling import DEFAULT_DECODE
     from specterbench.studies import realism
 
@@ -134,7 +134,7 @@ def test_heldout_loss_is_sane(loaded, name):
             count += ids.shape[1] - 1
     loss = total / count
     # The recipes are short (100-200 steps) because routing drifts below the real models' locality with longer
-    # training (the cards), and tiny-deepseek's stronger balance beside the expert-reliance loss (issue 24) costs it
+    # training (the cards), and tiny-deepseek's stronger balance beside the expert-reliance loss costs it
     # about 0.25 nats: realism wins over perplexity, so the floor is 6.1 nats/token (uniform: 8.3)
     assert loss < 6.1, f"{name}: held-out loss {loss:.2f} nats/token"
     assert loss < math.log(model.config.vocab_size) - 2

@@ -18,7 +18,7 @@ from specterbench.engine.seam import find_moe_blocks
 from specterbench.engine.store import ExpertStore
 
 SLOW_ENV = "SPECTERBENCH_SLOW_TESTS"
-PEAK_RATIO_MAX = 1.15  # issue 16: at most about 1.15 x (expert + dense bytes) of host RAM while loading
+PEAK_RATIO_MAX = 1.15  # host RAM while loading: about the model's bytes (expert + dense), not from_pretrained's 2x
 
 def _status_kib(field: str) -> int:
     with open("/proc/self/status") as f:

@@ -69,8 +69,8 @@ def test_failed_row_gives_exit_1_and_keeps_the_other_rows(host, small_prompts, c
 
 
 def test_report_stops_at_a_corrupt_line_or_skips_it(host, small_prompts, capsys, tmp_path):
-    run(capsys, "run", "--strategies", "lru", "--budgets", "35%", "--prompts", "1", "--tokens", "3", "--out", str(tmp_path),
-        "--run-id", "r", "--quiet")
+    run(capsys, "run", "--strategies", "lru", "--budgets", "35%", "--prompts", "1", "--tokens", "3",
+        "--out", str(tmp_path), "--run-id", "r", "--quiet")
     rows = tmp_path / "r" / "rows.jsonl"
     rows.write_text(rows.read_text() + '{"truncated": \n')
     code, _, err = run(capsys, "report", str(tmp_path / "r"))

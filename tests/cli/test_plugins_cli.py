@@ -244,7 +244,7 @@ def test_environment_contributions_land_in_every_row(recorded_run):
 
 # ---- the example package, installed like a third party's -----------------------------------------------
 
-@pytest.mark.slow  # ~17 s of CPU (fresh interpreters import torch); 26-60 s wall on this busy 2-core box
+@pytest.mark.slow  # fresh interpreters import torch: past the slow marker's 30 s on two busy cores
 def test_installing_the_example_package_in_a_fresh_venv_makes_lfu_appear_and_run(tmp_path):
     """A new virtual environment sees this one's dependencies (symlinked, minus any installed specterbench-lfu);
     ``pip install`` of a copy of plugins/lfu, offline, is all it takes for ``lfu`` to be listed and to run."""

@@ -1,7 +1,7 @@
-"""The strategy-facing API does what docs/plugins.md says, where tests/contract/test_engine_contract.py and tests/engine/test_costs.py
-do not already check it: landed/arrival/barrier, the candidates view, what engine.charge returns, router signals in
-prefill and decode, router_guess, emit, substitutes and the routing recorder. One tiny engine (2 MoE layers, 8
-experts, top-2) on the modeled clock."""
+"""The strategy-facing API does what docs/plugins.md says, where tests/contract/test_engine_contract.py and
+tests/engine/test_costs.py do not already check it: landed/arrival/barrier, the candidates view, what engine.charge
+returns, router signals in prefill and decode, router_guess, emit, substitutes and the routing recorder. One tiny
+engine (2 MoE layers, 8 experts, top-2) on the modeled clock."""
 
 import pytest
 import torch

@@ -441,7 +441,7 @@ def test_an_int4_draft_groups_the_projection_its_kernel_does_not_take(geometry):
 def test_the_draft_chunk_at_a_projection_counts_every_real_layer(stand_in, geometry):
     """At a projection each of the stand-in's MoE layers stands for ``layer_scale`` real ones: the draft whose share
     bounds the grouped scratch is the real model's whole draft, so the default int4 draft's dequantized projection
-    groups the real model's top-k (Mixtral 2, not 1 as it did when the stand-in's six layers were counted alone)."""
+    groups the real model's top-k (Mixtral 2, where the stand-in's six layers counted alone would give 1)."""
     from specterbench.catalog import embedded
     from specterbench.engine.draft import draft_chunk, kernel_name_for
     from specterbench.engine.geometry import project

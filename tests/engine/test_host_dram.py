@@ -1,4 +1,4 @@
-"""Host DRAM is one resource: host experts and the link's DMA reads share its bandwidth (issue 27, item 1)."""
+"""Host DRAM is one resource: host experts and the link's DMA reads share its bandwidth."""
 
 import pytest
 import torch

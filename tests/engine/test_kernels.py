@@ -16,7 +16,8 @@ from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.sampling import DecodeSetting
 
 PROMPT = tuple(range(3, 15))
-RESIDENT_LIMITS = {"qwen1.5-moe": 1300, "deepseek-v2-lite": 1500}  # ops per decode token (1661, 2160 before)
+# ceilings on ops per decode token: a regression in what the engine launches breaks them
+RESIDENT_LIMITS = {"qwen1.5-moe": 1300, "deepseek-v2-lite": 1500}
 
 
 class AllResident(Strategy):

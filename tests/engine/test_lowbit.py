@@ -1,5 +1,4 @@
-"""Low-bit kernels cost what they cost: achieved bandwidth efficiency, dequantization work, bytes as stored
-(issue 27, item 2)."""
+"""Low-bit kernels cost what they cost: achieved bandwidth efficiency, dequantization work, bytes as stored."""
 
 import pytest
 import torch

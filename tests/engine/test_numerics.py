@@ -26,7 +26,8 @@ def test_the_tolerance_follows_the_significand_of_the_dtype_and_the_square_root_
     assert score_tolerance(torch.bfloat16, 8) == pytest.approx(32 * 2**-8 * 4)
     assert score_tolerance(torch.float32, 8) == pytest.approx(32 * 2**-24 * 4)
     assert margin_tolerance(torch.float16, 2) == pytest.approx(2 * 32 * 2**-11 * 2)
-    assert margin_tolerance(torch.bfloat16, 8, temperature=0.5) == pytest.approx(2 * margin_tolerance(torch.bfloat16, 8))
+    assert margin_tolerance(torch.bfloat16, 8, temperature=0.5) == pytest.approx(
+        2 * margin_tolerance(torch.bfloat16, 8))
     assert loglik_tolerance(torch.float32, 8, 10) == pytest.approx(10 * margin_tolerance(torch.float32, 8))
 
 

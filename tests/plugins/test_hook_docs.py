@@ -18,7 +18,8 @@ from specterbench.testing import conformance
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "plugins.md"
-HOOKS = {name: fn for name, fn in vars(hookspecs).items() if name.startswith("specterbench_") and inspect.isfunction(fn)}
+HOOKS = {name: fn for name, fn in vars(hookspecs).items()
+         if name.startswith("specterbench_") and inspect.isfunction(fn)}
 DECISION_POINTS = sorted(name for name, value in vars(Strategy).items()
                          if not name.startswith("_") and callable(getattr(Strategy, name)))
 # Engine methods the runner and the seam call: listed in their own section, not one heading each.

@@ -50,7 +50,8 @@ def eval_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("eval")
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers())
-    args = parser.parse_args(["eval", "--model", "tiny-random-mixtral", "--strategies", "test-boom,test-liar,lru,cpu-experts",
+    args = parser.parse_args(["eval", "--model", "tiny-random-mixtral",
+                              "--strategies", "test-boom,test-liar,lru,cpu-experts",
                               "--tasks", "shakespeare_scramble,shakespeare_complete", "--limit", "2",
                               "--drafts", "nf4/b64,int3/g128,int3/g128+d8", "--out", str(out), "--run-id", "t",
                               "--quiet"])

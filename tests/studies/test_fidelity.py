@@ -1,4 +1,4 @@
-"""Issue 24: the stand-ins' tokens depend on their routed experts, their drafts err like real 4-bit drafts (with the
+"""The stand-ins' tokens depend on their routed experts, their drafts err like real 4-bit drafts (with the
 model's draft-fidelity calibration, applied by default), and the calibration's plumbing. CPU-only, never trains."""
 
 from __future__ import annotations

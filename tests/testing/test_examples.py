@@ -21,7 +21,8 @@ from specterbench.plugins.checks import check_strategy
 from specterbench.testing import conformance
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = {"example-arc": "arc", "router-prefetch": "router_prefetch", "draft-verify": "draft_verify"}  # strategy -> dir
+# strategy -> dir
+EXAMPLES = {"example-arc": "arc", "router-prefetch": "router_prefetch", "draft-verify": "draft_verify"}
 
 
 def fake_install(root: Path) -> list[str]:
@@ -139,7 +140,8 @@ class FakeEngine:
 
 
 def strategy(name, engine, **options):
-    cls = {"example-arc": "specterbench_example_arc:ARC", "router-prefetch": "specterbench_router_prefetch:RouterPrefetch"}[name]
+    cls = {"example-arc": "specterbench_example_arc:ARC",
+           "router-prefetch": "specterbench_router_prefetch:RouterPrefetch"}[name]
     module, attr = cls.split(":")
     s = getattr(__import__(module), attr)(**options)
     s.attach(engine)

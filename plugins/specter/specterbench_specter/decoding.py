@@ -113,8 +113,8 @@ class SpeculativeDecoding(Strategy):
     @classmethod
     def dense_spec_of(cls, options: dict):
         """The spec of the draft's dense copy (``--set NAME.dense_bits=4``), None when it shares the target's;
-        ``dense_quantizer`` / ``dense_blocksize`` name another format (``dense_quantizer=int``: the int8/g64 copy
-        dequantized into a scratch, the default before the int8 kernel)."""
+        ``dense_quantizer`` / ``dense_blocksize`` name another format (``dense_quantizer=int``: an int8/g64 copy
+        dequantized into a scratch)."""
         return dense_spec(options.get("dense_bits", cls.dense_bits_default), options.get("dense_blocksize", 64),
                           head_error_scale=options.get("head_error_scale"),  # None: the model's calibration
                           quantizer=options.get("dense_quantizer"))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 K_CHOICES = tuple(range(0, 33, 2))  # 0, 2, …, 32
 HAZARD_PRIOR = 8.0  # windows' worth of the geometric hazard in each depth's pooled hazard (a few lucky deep windows
-# in the seed must not promise long runs: at 0.86 agreement they made the forecast 11 tokens per window, not 6)
+# in the seed must not promise long runs: alone, they can nearly double the forecast tokens per window)
 RATIO_MEMORY = 0.85  # weight of a depth's earlier windows in its realised/modelled ratio at each new one
 
 

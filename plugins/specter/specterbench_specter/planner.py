@@ -1,11 +1,10 @@
 """Prefetch planners: what the draft's routing over a window says to copy before the verification.
 
-- :class:`ArtifactPlanner` — the Specter artifact's bandwidth-aware planner (``predictive_io_orchestrator/
-  prefetch_planner.py`` of github wwwwwf/specter_asplos, re-implemented from its description): a cold start that
-  observes the first ``int(0.2·K)`` draft steps, then at chunk boundaries the top-M experts of every layer by
-  the draft's routing counts (M = the layer's slot group), each chunk as long as the copies just issued take at
-  the link-bandwidth moving average (starting at 12 GB/s) in units of the draft-step moving average; nothing is
-  planned at the last step; the verification waits until every planned copy has landed.
+- :class:`ArtifactPlanner` — the Specter artifact's bandwidth-aware planner (provenance in docs/strategies.md,
+  ``specter-artifact``): a cold start that observes the first ``int(0.2·K)`` draft steps, then at chunk boundaries
+  the top-M experts of every layer by the draft's routing counts (M = the layer's slot group), each chunk as long as
+  the copies just issued take at the link-bandwidth moving average (starting at 12 GB/s) in units of the draft-step
+  moving average; nothing is planned at the last step; the verification waits until every planned copy has landed.
 - :class:`LookaheadPlanner` — Specter's own: every expert the draft routed to, earliest layer first and most
   used first within a layer, as far as the cache allows, in chunks the link moves during one draft step; no
   barrier (a late copy is waited for by the layer that needs it, not by the whole verification).

@@ -15,8 +15,8 @@ tokens in one pass. On top of the artifact:
 
 Room is made by evicting transients the window does not need ahead (least recently used first), then residents it
 does not need ahead (least popular first), then predicted ones of layers the verification has passed, then the one
-needed last; the plan's own copies take only the room of transients, never a resident's. Tokens are the target's own under greedy and
-sampled decoding.
+needed last; the plan's own copies take only the room of transients, never a resident's. Tokens are the target's
+own under greedy and sampled decoding.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The floor at any acceptance (issue 27 item 5): with a deliberately degraded draft, Specter stays within 3% of the
+"""The floor at any acceptance: with a deliberately degraded draft, Specter stays within 3% of the
 strongest non-speculative strategy (``cpu-experts``), measured side by side on the modeled clock.
 
 The draft is degraded by ``draft_noise`` (a share of its proposals replaced; still lossless), on the shipped stand-ins
@@ -44,8 +44,9 @@ def test_specter_holds_the_floor_whatever_its_drafts_acceptance(host, tmp_path, 
     acceptance = specter.extra["governor_acceptance"]  # what the governor saw, the seed's windows included
     assert band[0] <= acceptance <= band[1], f"draft_noise={noise} gave acceptance {acceptance}, not in {band}"
     ratio = specter.tpot_mean_ms / base.tpot_mean_ms
-    print(f"floor: {model} @ {budget} noise {noise}: acceptance {acceptance:.3f}, specter {specter.tpot_mean_ms:.2f} ms, "
-          f"cpu-experts {base.tpot_mean_ms:.2f} ms, {ratio:.3f}x, released {specter.extra.get('draft_released')}")
+    print(f"floor: {model} @ {budget} noise {noise}: acceptance {acceptance:.3f}, "
+          f"specter {specter.tpot_mean_ms:.2f} ms, cpu-experts {base.tpot_mean_ms:.2f} ms, {ratio:.3f}x, "
+          f"released {specter.extra.get('draft_released')}")
     assert ratio <= FLOOR, (f"{model} @ {budget}, acceptance {acceptance:.2f}: specter {specter.tpot_mean_ms:.2f} ms "
                             f"is {ratio:.3f}x cpu-experts' {base.tpot_mean_ms:.2f} (K: {specter.extra.get('k_hist')}, "
                             f"released: {specter.extra.get('draft_released')})")

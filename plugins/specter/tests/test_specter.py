@@ -370,7 +370,7 @@ def test_a_stretch_of_short_windows_does_not_drop_a_draft_that_pays():
     bursty = [29, 2, 3, 25, 1, 2, 27, 4]  # 93 tokens in 8 windows: 0.86 x plain per token
     strategy.recent_windows = [(window, n) for n in bursty[:5]] + [(window, n) for n in (1, 2, 2)]  # a bad stretch
     estimate = sum(s for s, _ in strategy.recent_windows) / sum(n for _, n in strategy.recent_windows)
-    assert estimate * (1 + Specter.RELEASE_MARGIN) > plain  # the old rule (the estimate alone) would drop it
+    assert estimate * (1 + Specter.RELEASE_MARGIN) > plain  # the estimate alone would drop it
     assert not strategy.draft_loses(0.0, costs)
     strategy.recent_windows = [(window, n) for n in (8, 9, 8, 9, 8, 9, 8, 9)]  # steadily 1.18 x plain per token
     assert strategy.draft_loses(0.0, costs)
@@ -409,7 +409,7 @@ def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
     strategy.generate(engine, request)
     cached = len(engine.cache)
     assert calls[0] > 20 and cached > 250  # a cache of hundreds of experts
-    assert walked[0] / calls[0] < 0.02 * cached  # the old choice listed every candidate per eviction
+    assert walked[0] / calls[0] < 0.02 * cached  # a choice that listed every candidate would walk it all
 
 
 def test_acceptance_by_position_conditions_on_reaching_the_position():

@@ -7,7 +7,7 @@
 * ``calibration-v1`` — 37 prompts from training works (profiling, e.g. static placement); disjoint
   from the benchmark set by construction (different works).
 
-A changed prompt set gets a new version suffix (see README.md in this directory); files are generated
+A changed prompt set gets a new version suffix (see ``workloads/README.md``); files are generated
 by ``specterbench make-workloads``.
 """
 
