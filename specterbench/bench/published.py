@@ -1,7 +1,7 @@
-"""``specterbench published``: the modeled clock held against published measurements.
+"""``specterbench published``: the modeled clock held against published measurements, run and rendered.
 
-The published record (``published/record.toml``, shipped with the package) lists each measurement with its source,
-hardware profile, model, precision, budget, setting and value. For every end-to-end figure the command runs the
+The published record (:mod:`specterbench.bench.published_record`) lists each measurement with its source, hardware
+profile, model, precision, budget, setting and value. For every end-to-end figure the command runs the
 strategy that stands for the published system (``lru`` for Mixtral-Offloading's released code, ``next-layer-gate``
 for mixtral-offloading's full algorithm, ``cpu-experts`` for Fiddler, ``specter-artifact`` for MoE-SpeQ,
 ``on-demand`` for naive offloading) on the stand-in of that model family, priced at the real model's geometry,
@@ -11,8 +11,7 @@ systems measured in one setting on one hardware, the published speed-up beside t
 
 Nothing is fitted per row: every price comes from the profile files (each figure cited), every budget from the
 published cache size or from the device memory the profile states. Where the clock is faster than a published
-system, the gap is what that system pays and the clock does not model (see the README's "Checked against published
-measurements").
+system, the gap is what that system pays and the clock does not model (``docs/published.md``).
 """
 
 from __future__ import annotations
@@ -22,83 +21,33 @@ import itertools
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from specterbench.bench.budget import Budget
 from specterbench.bench.checks import check_context
 from specterbench.bench.config import BenchConfig
+from specterbench.bench.published_record import Measurement
 from specterbench.bench.runner import Runner, encode_prompts, load_prompts
 from specterbench.bench.validate import mean_tpot_ms
 from specterbench.engine.costs import CostModel
 from specterbench.engine.dense_copy import dense_params
 from specterbench.engine.geometry import geometry_preset
-from specterbench.engine.precision import Precision, priced_geometry
+from specterbench.engine.precision import priced_geometry
 from specterbench.engine.profiles import DEFAULT_HOST_PROFILE
-from specterbench.errors import UsageError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from specterbench.engine.precision import Precision
-
-RECORD = Path(__file__).resolve().parent / "published" / "record.toml"
-KINDS = ("tpot_ms", "tokens_per_s", "hit_rate", "component_ms")
-OPS = ("copy_experts", "host_experts")
 TIME_KINDS = ("tpot_ms", "tokens_per_s")
-#: a subset that runs in seconds (tests): the component figures and one mixtral-offloading pair
-QUICK_IDS = ("layerscope-expert-copy", "hostexpert-layer-fetch", "hostexpert-layer-cpu", "mo-t2-a100-full",
-             "mo-t2-a100-naive")
-#: the issue's targets
+#: what the modeled clock is held to
 COMPONENT_TOLERANCE = 0.25  # components within ±25%
 HIT_TOLERANCE = 0.08  # LRU hit rates within ±0.08 (absolute)
 PAIR_TOLERANCE = 0.35  # published speed-ups within ±35% ...
 PAIR_SHARE = 2 / 3  # ... in at least two thirds of the pairs, with the same winner in every pair
 
 
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    """One published figure and how the harness reproduces it."""
-
-    id: str
-    source: str
-    system: str
-    model: str
-    geometry: str
-    profile: str
-    kind: str
-    value: float
-    precision: "Precision"  # the target's stored precision
-    strategy: str | None = None
-    options: dict = field(default_factory=dict)
-    standin: str | None = None
-    host_profile: str | None = None
-    budget: dict = field(default_factory=dict)
-    setting: str | None = None
-    lengths: str = "not stated"
-    chart: bool = False
-    op: str | None = None
-    count: int = 1
-    threads: int | None = None
-
-    @property
-    def published_ms(self) -> float | None:
-        """The published time per token (or per component) in ms; None for a hit rate."""
-        if self.kind == "tokens_per_s":
-            return 1000.0 / self.value
-        return self.value if self.kind in ("tpot_ms", "component_ms") else None
-
-    @property
-    def published_text(self) -> str:
-        mark = " [chart]" if self.chart else ""
-        if self.kind == "tokens_per_s":
-            return f"{self.value:g} tok/s = {self.published_ms:.1f} ms{mark}"
-        if self.kind == "hit_rate":
-            return f"{self.value:.3f}{mark}"
-        return f"{self.value:g} ms{mark}"
-
-
 @dataclass(slots=True)
 class Outcome:
+    """What the harness made of one measurement: the modeled figure, the budget it ran at, and why it failed."""
+
     measurement: Measurement
     modeled: float | None = None  # ms (time kinds, components) or a hit rate
     budget_fraction: float | None = None
@@ -118,6 +67,8 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class Pair:
+    """Two systems measured in one setting: their published speed-up beside the modeled one."""
+
     setting: str
     fast: Outcome  # the faster system as published
     slow: Outcome
@@ -136,112 +87,8 @@ class Pair:
         return None if self.modeled is None else self.modeled / self.published - 1
 
 
-# ---- the record ---------------------------------------------------------------------------------------------------
-REQUIRED = ("id", "source", "system", "model", "geometry", "profile", "kind", "value", "precision")
-KNOWN = {f.name for f in dataclasses.fields(Measurement)}
-BUDGET_KEYS = {"slots_per_layer", "device_memory", "reserve_gib", "minus_draft_of", "plus_draft", "fraction"}
-
-
-def load_record(host, path: Path | str = RECORD) -> list[Measurement]:
-    """Every measurement of the record, each checked before anything runs: a missing or unknown field, an unknown
-    model, profile, strategy or geometry, a bad precision or budget is one UsageError line naming the row."""
-    import tomllib
-
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--record {path}: no such file") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
-        raise UsageError(f"--record {path}: malformed ({str(err).splitlines()[0]})") from None
-    rows = data.get("measurement")
-    if not isinstance(rows, list) or not rows:
-        raise UsageError(f"--record {path}: no [[measurement]] entries")
-    out, seen = [], set()
-    for i, row in enumerate(rows):
-        where = f"published record {path.name}: measurement {row.get('id', f'#{i + 1}')!r}"
-        try:
-            m = _measurement(row, Precision)
-            if m.id in seen:
-                raise UsageError("duplicate id")
-            seen.add(m.id)
-            geometry_preset(m.geometry)
-            host.profiles().entry(m.profile)
-            if m.host_profile is not None:
-                host.host_profiles().entry(m.host_profile)
-            if m.kind == "component_ms":
-                if m.op not in OPS:
-                    raise UsageError(f"op {m.op!r} is not one of {', '.join(OPS)}")
-                if m.op == "host_experts" and m.host_profile is None:
-                    raise UsageError("op host_experts needs a host_profile")
-            else:
-                if m.standin is None or m.strategy is None:
-                    raise UsageError("a decode measurement needs a standin model and a strategy")
-                host.models().entry(m.standin)
-                cls = host.strategies().get(m.strategy)
-                if hasattr(cls, "validate_options"):
-                    cls.validate_options(dict(m.options))
-                cls.check_profile(host.profiles().get(m.profile), dict(m.options))
-                if m.host_profile is not None:
-                    cls.check_host_profile(host.host_profiles().get(m.host_profile), dict(m.options))
-                _check_budget(m, host)
-        except UsageError as err:
-            raise UsageError(f"{where}: {err}") from None
-        out.append(m)
-    return out
-
-
-def _measurement(row: dict, Precision) -> Measurement:
-    if not isinstance(row, dict):
-        raise UsageError("is not a table")
-    missing = [k for k in REQUIRED if k not in row]
-    if missing:
-        raise UsageError(f"missing field(s) {', '.join(missing)}")
-    unknown = sorted(set(row) - KNOWN)
-    if unknown:
-        raise UsageError(f"unknown field(s) {', '.join(unknown)}")
-    kind = row["kind"]
-    if kind not in KINDS:
-        raise UsageError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
-    value = row["value"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise UsageError(f"value must be a finite positive number, got {value!r}")
-    if kind == "hit_rate" and value > 1:
-        raise UsageError(f"a hit rate is at most 1, got {value!r}")
-    p = row["precision"]
-    if not isinstance(p, dict) or set(p) - {"expert_bits", "dense_bits", "quantizer", "group"}:
-        raise UsageError(f"precision must be a table of expert_bits, dense_bits, quantizer, group; got {p!r}")
-    precision = Precision.parse(p.get("expert_bits", 16), p.get("dense_bits", 16), p.get("quantizer", "int"),
-                                p.get("group", 128))
-    count = row.get("count", 1)
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise UsageError(f"count must be a positive integer, got {count!r}")
-    return Measurement(**{**row, "value": float(value), "precision": precision,
-                          "options": dict(row.get("options", {})), "budget": dict(row.get("budget", {}))})
-
-
-def _check_budget(m: Measurement, host) -> None:
-    b = m.budget
-    unknown = sorted(set(b) - BUDGET_KEYS)
-    if unknown:
-        raise UsageError(f"budget has unknown key(s) {', '.join(unknown)}")
-    kinds = [k for k in ("slots_per_layer", "device_memory", "fraction") if k in b]
-    if len(kinds) != 1:
-        raise UsageError("budget needs exactly one of slots_per_layer, device_memory, fraction")
-    if "slots_per_layer" in b and not (isinstance(b["slots_per_layer"], int) and b["slots_per_layer"] > 0):
-        raise UsageError(f"slots_per_layer must be a positive integer, got {b['slots_per_layer']!r}")
-    if "fraction" in b and not (isinstance(b["fraction"], (int, float)) and 0 < b["fraction"] <= 1):
-        raise UsageError(f"budget fraction must be in (0, 1], got {b['fraction']!r}")
-    reserve = b.get("reserve_gib", 0.0)
-    if not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
-        raise UsageError(f"reserve_gib must be a finite number >= 0, got {reserve!r}")
-    if "minus_draft_of" in b:
-        host.strategies().entry(b["minus_draft_of"])
-
-
 # ---- pricing ------------------------------------------------------------------------------------------------------
 def _priced(m: Measurement):
-
     return priced_geometry(geometry_preset(m.geometry), m.precision)
 
 
@@ -277,7 +124,6 @@ def budget_bytes(host, engine, m: Measurement) -> tuple[int, str]:
     """The measurement's budget in the engine's bytes, and how it was derived (printed beside the row)."""
     b, total = m.budget, engine.total_expert_bytes
     if "slots_per_layer" in b:
-
         real_e = geometry_preset(m.geometry).num_experts
         n = b["slots_per_layer"]
         nbytes = int(round(n * engine.num_experts / real_e)) * engine.num_layers * engine.expert_bytes
@@ -323,7 +169,6 @@ def run_record(host, measurements: list[Measurement], *, prompts: int, tokens: i
 
 
 def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, tokens, out, progress) -> None:
-
     first = rows[0]
     base = BenchConfig(models=(standin,), strategies=tuple(dict.fromkeys(m.strategy for m in rows)),
                        budgets=(Budget("100%", fraction=1.0),), profile=first.profile,
@@ -380,7 +225,7 @@ def _f(x, fmt: str) -> str:
 
 
 def summary(outcomes: list[Outcome]) -> dict:
-    """The issue's targets, measured: components, LRU hit rates at MoE-SpeQ Table 3's slots, pairwise speed-ups,
+    """The targets, measured: components, LRU hit rates at MoE-SpeQ Table 3's slots, pairwise speed-ups,
     and the geometric-mean ratio of the end-to-end times."""
     comps = [o for o in outcomes if o.measurement.kind == "component_ms" and o.ratio is not None]
     lru = [o for o in outcomes if o.measurement.kind == "hit_rate" and o.measurement.strategy == "lru"
@@ -453,5 +298,4 @@ def to_json(outcomes: list[Outcome]) -> dict:
     return {"measurements": rows, "pairs": pairs, "summary": summary(outcomes)}
 
 
-__all__ = ["Measurement", "Outcome", "Pair", "QUICK_IDS", "RECORD", "load_record", "pairs_of", "price_component",
-           "render", "run_record", "summary"]
+__all__ = ["Outcome", "Pair", "pairs_of", "price_component", "render", "run_record", "summary", "to_json"]

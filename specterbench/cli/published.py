@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from specterbench.bench.published import QUICK_IDS, RECORD, load_record, render, run_record, to_json
+from specterbench.bench.published import render, run_record, to_json
+from specterbench.bench.published_record import QUICK_IDS, RECORD, load_record
 from specterbench.errors import UsageError
 
 

@@ -12,6 +12,7 @@ import pytest
 from cli_errors import one_line  # noqa: E402
 
 from specterbench.bench import published as pub
+from specterbench.bench import published_record
 from specterbench.cli import main
 from specterbench.engine.profiles import (
     PROFILE_FILES_DIR,
@@ -99,7 +100,7 @@ def test_the_profile_command_line_refuses_an_inf_field_in_one_line(tmp_path, cap
 
 # ---- the record -------------------------------------------------------------------------------------------------
 def test_the_record_has_twelve_measurements_from_four_sources_and_the_components(host):
-    record = pub.load_record(host)
+    record = published_record.load_record(host)
     runs = [m for m in record if m.kind != "component_ms"]
     sources = {m.source.split(",")[0].split(" (")[0] for m in record}
     assert len(runs) >= 12 and len(sources) >= 4, sources
@@ -111,14 +112,14 @@ def test_the_record_has_twelve_measurements_from_four_sources_and_the_components
 
 
 def test_every_same_hardware_setting_yields_pairs(host):
-    outcomes = [pub.Outcome(m, modeled=1.0) for m in pub.load_record(host)]
+    outcomes = [pub.Outcome(m, modeled=1.0) for m in published_record.load_record(host)]
     pairs = pub.pairs_of(outcomes)
     assert len(pairs) >= 6
     assert all(p.published >= 1 for p in pairs)
 
 
 def test_components_are_priced_by_the_cost_model(host):
-    record = {m.id: m for m in pub.load_record(host)}
+    record = {m.id: m for m in published_record.load_record(host)}
     one = pub.price_component(host, record["layerscope-expert-copy"])
     two = pub.price_component(host, record["hostexpert-layer-fetch"])
     assert two == pytest.approx(2 * one)
@@ -143,15 +144,15 @@ def test_components_are_priced_by_the_cost_model(host):
 ])
 def test_a_bad_record_row_is_one_line_naming_the_row(host, tmp_path, edit, message):
     path = tmp_path / "record.toml"
-    path.write_text(edit(pub.RECORD.read_text(encoding="utf-8")))
+    path.write_text(edit(published_record.RECORD.read_text(encoding="utf-8")))
     with pytest.raises(UsageError, match=message) as err:
-        pub.load_record(host, path)
+        published_record.load_record(host, path)
     assert "\n" not in str(err.value) and "measurement" in str(err.value)
 
 
 def test_the_command_refuses_a_bad_record_in_one_line(tmp_path, capsys):
     path = tmp_path / "record.toml"
-    path.write_text(pub.RECORD.read_text(encoding="utf-8").replace('standin = "tiny-deepseek"',
+    path.write_text(published_record.RECORD.read_text(encoding="utf-8").replace('standin = "tiny-deepseek"',
                                                                     'standin = "nope"', 1))
     assert main(["published", "--record", str(path), "--out", str(tmp_path / "o")]) == 2
     assert "unknown model" in one_line(capsys.readouterr().err)
@@ -164,7 +165,7 @@ def test_the_quick_subset_prints_modeled_beside_published(tmp_path, capsys):
     assert "| mo-t2-a100-full |" in text and "pairwise speed-ups" in text and "geometric-mean ratio" in text
     data = json.loads((out / "published.json").read_text())
     rows = {r["id"]: r for r in data["measurements"]}
-    assert set(rows) == set(pub.QUICK_IDS)
+    assert set(rows) == set(published_record.QUICK_IDS)
     assert all(r["status"] == "ok" and r["ratio"] > 0 for r in rows.values())
     assert rows["mo-t2-a100-full"]["precision"] == "experts int2/g32 + dense int4/g64"
     assert data["pairs"] and data["pairs"][0]["modeled"] is not None
