@@ -147,21 +147,21 @@ def slot_race() -> None:
 
 
 def nvml_width() -> None:
-    from specterbench.bench import nvml
+    from specterbench.bench import nvml, nvml_counters
 
     say("\n## NVML PCIe counters")
     try:
-        source = nvml.open_source(torch.device("cuda", 0))
-    except nvml.NvmlUnavailable as err:
+        source = nvml_counters.open_source(torch.device("cuda", 0))
+    except nvml_counters.NvmlUnavailable as err:
         say(f"- skipped: {err}")
         return
-    counters = nvml.open_counters(source)
+    counters = nvml_counters.open_counters(source)
     if counters is None:
         say("- this GPU/driver has no PCIe byte counters (the sampled fallback runs)")
-        nvml.shutdown()
+        nvml_counters.shutdown()
         return
     widths = counters.widths()
-    poller = nvml.CounterPoller(counters).start()
+    poller = nvml_counters.CounterPoller(counters).start()
     host = torch.empty(352 * 2**20, dtype=torch.uint8).pin_memory()
     dev = torch.empty_like(host, device="cuda")
     rounds = 40  # 13.75 GiB: a 32-bit counter wraps three times
@@ -170,7 +170,7 @@ def nvml_width() -> None:
     torch.cuda.synchronize()
     time.sleep(nvml.COUNTER_SETTLE_S)
     poller.stop()
-    nvml.shutdown()
+    nvml_counters.shutdown()
     moved = rounds * host.numel()
     ratio = poller.rx.total / moved
     say(f"counter widths (rx, tx): {widths} bits; {poller.reads} reads; NVML RX / bytes copied over "

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specterbench.bench import nvml
+from specterbench.bench import nvml, nvml_counters
 from specterbench.runfiles.results import ResultRow
 
 
@@ -54,7 +54,7 @@ def row(**kw) -> ResultRow:
 
 
 def test_integrator_uses_the_trapezoid_rule_over_uneven_intervals():
-    it = nvml.Integrator()
+    it = nvml_counters.Integrator()
     it.add(0.0, 0.0, 10.0, memory_used=5)
     it.add(1.0, 100.0, 10.0, memory_used=9)
     it.add(3.0, 100.0, 30.0, memory_used=7)
@@ -66,7 +66,7 @@ def test_integrator_uses_the_trapezoid_rule_over_uneven_intervals():
 
 def test_sampler_thread_integrates_a_constant_rate_exactly_with_a_fake_clock():
     source, clock = FakeSource(rx=1000.0, tx=10.0), TickClock(step=0.5)
-    sampler = nvml.Sampler(source, interval_s=0.001, clock=clock).start()
+    sampler = nvml_counters.Sampler(source, interval_s=0.001, clock=clock).start()
     wait_for_reads(source, 5)
     total = sampler.stop()
     assert total.samples >= 6  # start, at least four from the thread, stop
@@ -78,7 +78,7 @@ def test_sampler_thread_integrates_a_constant_rate_exactly_with_a_fake_clock():
 
 def test_sampler_keeps_the_error_of_a_failing_source_and_stops():
     source = FakeSource(fail_after=2)
-    sampler = nvml.Sampler(source, interval_s=0.001, clock=TickClock()).start()
+    sampler = nvml_counters.Sampler(source, interval_s=0.001, clock=TickClock()).start()
     wait_for_reads(source, 3)
     sampler.stop()
     assert isinstance(sampler.error, RuntimeError)
@@ -166,17 +166,17 @@ def test_a_benchmark_row_on_cpu_explains_its_empty_nvml_columns(nvml_plugin, tmp
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device with NVML")
 def test_nvml_counts_the_bytes_of_real_host_to_device_copies():  # pragma: no cover - needs CUDA
     try:
-        source = nvml.open_source(torch.device("cuda", 0))
-    except nvml.NvmlUnavailable as err:
+        source = nvml_counters.open_source(torch.device("cuda", 0))
+    except nvml_counters.NvmlUnavailable as err:
         pytest.skip(str(err))
     host = torch.empty(256 * 2**20, dtype=torch.uint8).pin_memory()
-    sampler = nvml.Sampler(source).start()
+    sampler = nvml_counters.Sampler(source).start()
     for _ in range(8):
         host.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     time.sleep(0.1)
     total = sampler.stop()
-    nvml.shutdown()
+    nvml_counters.shutdown()
     assert total.rx_bytes > 0.5 * 8 * host.numel()
 
 
@@ -220,8 +220,8 @@ class FakeNvml:
 def fake_gpu(monkeypatch):
     def make(**kw):
         fake = FakeNvml(**kw)
-        monkeypatch.setattr(nvml, "open_source", lambda device: nvml.NvmlSource(fake, "handle"))
-        monkeypatch.setattr(nvml, "_pynvml", lambda: fake)
+        monkeypatch.setattr(nvml, "open_source", lambda device: nvml_counters.NvmlSource(fake, "handle"))
+        monkeypatch.setattr(nvml_counters, "_pynvml", lambda: fake)
         return fake
     return make
 
@@ -279,7 +279,7 @@ def test_a_32_bit_counter_is_unwrapped_across_many_wraps():
             return self.true_rx % 2**32, 0
 
     counters = Wrapping()
-    poller = nvml.CounterPoller(counters, widths=(32, 64))
+    poller = nvml_counters.CounterPoller(counters, widths=(32, 64))
     poller.read_once()
     for _ in range(40):  # 40 reads 3 GiB apart: 120 GiB moved, the raw counter wrapped 30 times
         counters.true_rx += 3 * 2**30
@@ -288,7 +288,7 @@ def test_a_32_bit_counter_is_unwrapped_across_many_wraps():
 
 
 def test_a_64_bit_counter_that_steps_back_is_a_reset_not_a_wrap():
-    u = nvml.Unwrapped(64)
+    u = nvml_counters.Unwrapped(64)
     u.add(10**12)
     u.add(5)
     assert u.reset and u.total == 0
@@ -296,21 +296,21 @@ def test_a_64_bit_counter_that_steps_back_is_a_reset_not_a_wrap():
 
 def test_the_counter_width_is_the_value_type_nvml_returns():
     fake = FakeNvml()
-    assert nvml.PcieCounters(fake, "h").widths() == (64, 64)
+    assert nvml_counters.PcieCounters(fake, "h").widths() == (64, 64)
     fake.nvmlDeviceGetFieldValues = lambda handle, fields: [
         SimpleNamespace(fieldId=f, valueType=1, nvmlReturn=0, value=SimpleNamespace(uiVal=0)) for f in fields]
-    assert nvml.PcieCounters(fake, "h").widths() == (32, 32)
+    assert nvml_counters.PcieCounters(fake, "h").widths() == (32, 32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device with NVML")
 def test_pcie_counters_count_real_host_to_device_copies():  # pragma: no cover - needs CUDA
     try:
-        source = nvml.open_source(torch.device("cuda", 0))
-    except nvml.NvmlUnavailable as err:
+        source = nvml_counters.open_source(torch.device("cuda", 0))
+    except nvml_counters.NvmlUnavailable as err:
         pytest.skip(str(err))
-    counters = nvml.open_counters(source)
+    counters = nvml_counters.open_counters(source)
     if counters is None:
-        nvml.shutdown()
+        nvml_counters.shutdown()
         pytest.skip("this GPU/driver has no NVML PCIe byte counters")
     host = torch.empty(256 * 2**20, dtype=torch.uint8).pin_memory()
     start = counters.read()
@@ -318,6 +318,6 @@ def test_pcie_counters_count_real_host_to_device_copies():  # pragma: no cover -
         host.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     end = counters.read()
-    nvml.shutdown()
+    nvml_counters.shutdown()
     ratio = (end[0] - start[0]) / (8 * host.numel())
     assert 0.9 <= ratio <= 1.3, f"NVML RX / bytes copied = {ratio:.3f}"
