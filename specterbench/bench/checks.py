@@ -8,7 +8,7 @@ import torch
 
 from specterbench.bench.calibrate import check_device as device_here
 from specterbench.errors import BudgetError, UsageError
-from specterbench.plugins.host import closest
+from specterbench.plugins.registry import closest
 
 
 def check_device(text: str) -> None:

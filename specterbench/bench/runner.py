@@ -32,7 +32,8 @@ from specterbench.engine.host_clock import HostWallClock
 from specterbench.engine.numerics import NumericsGuide, margin_tolerance
 from specterbench.engine.precision import quantize_model
 from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
-from specterbench.plugins.host import PluginHost, warn
+from specterbench.plugins.host import PluginHost
+from specterbench.plugins.registry import warn
 from specterbench.runfiles.reference import write_reference
 from specterbench.runfiles.results import ResultRow, RowWriter, read_rows, strategy_label
 from specterbench.runfiles.rundir import run_identity

@@ -90,7 +90,7 @@ def fold(flag: str, values, key=lambda v: v, show=lambda v: v) -> tuple:
     for value in values:
         k = key(value)
         if k in seen:
-            from specterbench.plugins.host import warn
+            from specterbench.plugins.registry import warn
 
             first = show(seen[k])
             same = f"{show(value)!r} is {first!r} again" if show(value) != first else f"{first!r} twice"
@@ -124,7 +124,7 @@ def report_files(run_dir: Path, again: str):
 
 def flag_integrity(rows, run_dir: Path) -> None:
     """One warning per integrity problem of a run folder's rows (a duplicated cell, a foreign run id)."""
-    from specterbench.plugins.host import warn
+    from specterbench.plugins.registry import warn
     from specterbench.runfiles.results import integrity_problems
     from specterbench.runfiles.rundir import run_ids
 

@@ -115,7 +115,7 @@ def _stand_in_for_a_missing_preset(args) -> None:
     priced at Mixtral-8x7B's sizes, saying so in one line; on the modeled clock only (a measured run of a stand-in
     would time the stand-in, not the model)."""
     from specterbench.catalog.models import REAL_PRESETS, checkpoint_or_stand_in, stand_in_of
-    from specterbench.plugins.host import note
+    from specterbench.plugins.registry import note
 
     models = csv_list(args.model)
     if len(models) != 1 or models[0] not in REAL_PRESETS or args.model_path or args.clock != "modeled":

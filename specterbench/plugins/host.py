@@ -1,4 +1,4 @@
-"""The plugin host: loads built-in and third-party plugins once, lazily, and keeps the registries.
+"""The plugin host: loads built-in and third-party plugins once, lazily, and fills the registries from them.
 
 Built-ins are ordinary plugins, declared in specterbench's own ``specterbench`` entry-point group and listed
 in ``DEFAULT_PLUGINS`` so they load by the same path when entry-point autoloading is disabled.
@@ -15,7 +15,7 @@ Strategies are checked when they register (:func:`check_strategy`): a class with
 misspelled decision point, a decision point that cannot take the engine's arguments, no version, or a name another
 plugin took first is left out with one warning line per problem (naming the plugin, the class, the fix and
 ``SPECTERBENCH_BLOCK_PLUGINS=<plugin>``); everything else still loads, ``specterbench plugins`` lists it as refused,
-and asking to run it says why in one line.
+and asking to run it says why in one line. The registries themselves are :mod:`specterbench.plugins.registry`.
 """
 
 from __future__ import annotations
@@ -26,10 +26,7 @@ import importlib
 import importlib.metadata
 import math
 import os
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pluggy
 
@@ -38,122 +35,22 @@ from specterbench.engine.profiles import load_profile_file
 from specterbench.errors import PluginError, UsageError
 from specterbench.plugins import hookimpl, hookspecs
 from specterbench.plugins.checks import strategy_problems
+from specterbench.plugins.registry import BLOCK_ENV, PluginFailure, PluginInfo, Refusal, Registry, owner_name, warn
 from specterbench.version import __version__
 
 DISABLE_ENV = "SPECTERBENCH_DISABLE_PLUGIN_AUTOLOAD"
-BLOCK_ENV = "SPECTERBENCH_BLOCK_PLUGINS"
 DEFAULT_PLUGINS = (("builtin", "specterbench.plugins.builtin"), ("baselines", "specterbench.baselines"),
                    ("nvml", "specterbench.bench.nvml"))
 
 
-@dataclass(frozen=True, slots=True)
-class PluginInfo:
-    name: str
-    module: str
-    distribution: str
-    version: str
-    source: str  # "entry point" | "default" | "registered"
-
-
-@dataclass(frozen=True, slots=True)
-class PluginFailure:
-    """A plugin left out because it failed to import or to register, and why (one line)."""
-
-    info: PluginInfo
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Something a plugin registered that the host left out (a misspelled decision point, a taken name, ...)."""
-
-    kind: str  # "strategy", "model", ...
-    name: str  # the name it asked for (the class's name when it has none)
-    owner: str  # the class or object registered, e.g. "MyStrategy"
-    plugin: PluginInfo
-    problems: tuple[str, ...]  # one line each: what is wrong and the fix
-
-
-@dataclass(frozen=True, slots=True)
-class Registered:
-    name: str
-    obj: Any
-    plugin: PluginInfo
-
-
-class Registry:
-    """Named things of one kind (strategies, models, profiles) and the plugin each came from."""
-
-    def __init__(self, kind: str, failed: tuple[str, ...] = ()):
-        self.kind = kind
-        self.items: dict[str, Registered] = {}
-        self.failed = failed  # plugins left out (failed to import or register): named when a lookup misses
-        self.refused: dict[str, Refusal] = {}  # left out at registration, by the name asked for
-
-    def refuse(self, refusal: Refusal) -> None:
-        """Leave ``refusal`` out, with one warning line per problem; asking for its name later says why."""
-        self.refused.setdefault(refusal.name, refusal)
-        for problem in refusal.problems:
-            warn(f"{problem}; {refusal.owner} is left out (or block the plugin: "
-                 f"{BLOCK_ENV}={refusal.plugin.name})")
-
-    def add(self, name: str, obj: Any, plugin: PluginInfo) -> None:
-        if not name:
-            raise PluginError(f"plugin {plugin.name!r} registered a {self.kind} without a name")
-        if name in self.items:
-            first = self.items[name].plugin.name
-            raise PluginError(f"plugin {plugin.name!r}: {_owner(obj)} registers {self.kind} {name!r}, which plugin "
-                              f"{first!r} registered first (a name registered twice); give it another name")
-        self.items[name] = Registered(name, obj, plugin)
-
-    def names(self) -> list[str]:
-        return sorted(self.items)
-
-    def get(self, name: str) -> Any:
-        return self.entry(name).obj
-
-    def entry(self, name: str) -> Registered:
-        try:
-            return self.items[name]
-        except KeyError:
-            refused = self.refused.get(name)
-            if refused is not None:
-                raise UsageError(f"{self.kind} {name!r} ({refused.owner}, plugin {refused.plugin.name!r}) was refused "
-                                 f"at registration: {refused.problems[0]}; fix the plugin, or choose another "
-                                 f"{self.kind} (see `specterbench plugins`)") from None
-            close = closest(name, self.names())
-            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-            failed = (f"; plugin(s) {', '.join(map(repr, self.failed))} failed to load (see `specterbench plugins`)"
-                      if self.failed else "")
-            raise UsageError(f"unknown {self.kind} {name!r}; {hint}available: {', '.join(self.names())}"
-                             f"{failed}") from None
-
-
-def closest(name: str, choices, n: int = 3) -> list[str]:
-    """The names nearest to ``name``: close spellings first, then names that start with or contain it."""
-    close = difflib.get_close_matches(name, list(choices), n=n, cutoff=0.5)
-    low = name.lower()
-    if low:
-        close += [c for c in choices if c.lower().startswith(low) and c not in close]
-        close += [c for c in choices if low in c.lower() and c not in close]
-    return close[:n]
-
-
 def hook_names() -> list[str]:
+    """Every hook a plugin may implement (the hook specifications), for did-you-mean hints."""
     return sorted(n for n in vars(hookspecs) if n.startswith("specterbench_"))
 
 
-def note(message: str) -> None:
-    """A one-line note on stderr: something the user should know that is not a problem."""
-    print(f"specterbench: note: {message}", file=sys.stderr, flush=True)
-
-
-def warn(message: str) -> None:
-    """A one-line warning on stderr (not :mod:`warnings`: users should see it once, without a source line)."""
-    print(f"specterbench: warning: {message}", file=sys.stderr, flush=True)
-
-
 class PluginHost:
+    """The pluggy manager, what it loaded or left out, and the registries built from its plugins' hooks."""
+
     def __init__(self):
         self._pm: pluggy.PluginManager | None = None
         self._plugins: dict[str, PluginInfo] = {}
@@ -264,8 +161,8 @@ class PluginHost:
         if known is not None:
             if known.obj != profile:
                 raise UsageError(f"--profile {path}: its name {profile.name!r} is already taken by "
-                                 f"{known.plugin.name!r} with other figures; rename it "
-                                 "(calibrate --name, or edit name)")
+                                 f"{known.plugin.name!r} with other figures; rename it (calibrate --name, or edit "
+                                 f"name)")
             return names
         self.add(f"profile-file:{Path(path).resolve()}", profiles=[profile],
                  host_profiles=[host_profile] if host_profile else [])
@@ -289,7 +186,7 @@ class PluginHost:
                     name = key(obj)
                 except AttributeError:
                     name = None
-                label = name if isinstance(name, str) and name.strip() else _owner(obj)
+                label = name if isinstance(name, str) and name.strip() else owner_name(obj)
                 problems = list(check(obj, info))
                 if not problems:
                     try:
@@ -297,7 +194,7 @@ class PluginHost:
                     except PluginError as err:
                         problems.append(str(err))
                 if problems:
-                    reg.refuse(Refusal(kind, label, _owner(obj), info, tuple(problems)))
+                    reg.refuse(Refusal(kind, label, owner_name(obj), info, tuple(problems)))
 
             impls = getattr(self.pm.hook, hook_name).get_hookimpls()
             for impl in sorted(impls, key=lambda i: self.plugins[i.plugin_name].distribution != "specterbench"):
@@ -360,16 +257,11 @@ def check_figures(profile, plugin: PluginInfo) -> list[str]:
     """A profile's numbers must be finite and not negative (``inf`` FLOP/s would price every kernel at zero)."""
     if not dataclasses.is_dataclass(profile):
         return []
-    return [f"plugin {plugin.name!r}: {_owner(profile)} {getattr(profile, 'name', '?')!r} has {f.name} = "
+    return [f"plugin {plugin.name!r}: {owner_name(profile)} {getattr(profile, 'name', '?')!r} has {f.name} = "
             f"{getattr(profile, f.name)!r}; give a finite number >= 0"
             for f in dataclasses.fields(profile)
             if isinstance(getattr(profile, f.name), float) and not (math.isfinite(getattr(profile, f.name))
                                                                     and getattr(profile, f.name) >= 0)]
-
-
-def _owner(obj) -> str:
-    """What a plugin registered, for messages: a class's name, or the type of an object."""
-    return obj.__name__ if isinstance(obj, type) else type(obj).__name__
 
 
 def _import(name: str, target: str, load):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import importlib.metadata
 import os
 
-from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV, PluginHost
+from specterbench.plugins.host import DISABLE_ENV, PluginHost
+from specterbench.plugins.registry import BLOCK_ENV
 
 # (label, PluginHost method): the registries whose entries are attributed to plugins; absent methods are skipped
 REGISTRIES = (("strategies", "strategies"), ("models", "models"), ("profiles", "profiles"),

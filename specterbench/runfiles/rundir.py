@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from specterbench.errors import UsageError
-from specterbench.plugins.host import warn
+from specterbench.plugins.registry import warn
 from specterbench.version import __version__
 
 RUN_JSON = "run.json"

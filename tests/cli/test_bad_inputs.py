@@ -17,7 +17,7 @@ from cli_errors import one_line  # noqa: E402
 
 from specterbench import Strategy, hookimpl
 from specterbench.cli import main
-from specterbench.plugins.host import BLOCK_ENV
+from specterbench.plugins.registry import BLOCK_ENV
 from specterbench.runfiles import rundir
 from specterbench.runfiles.results import RowWriter
 from specterbench.testing.pytest_plugin import install_dist

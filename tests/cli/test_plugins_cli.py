@@ -21,7 +21,8 @@ from specterbench.catalog.tiny import tiny_random
 from specterbench.cli import build_parser, main
 from specterbench.cli.listing import add_parser
 from specterbench.engine.profiles import default_profile
-from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
+from specterbench.plugins.host import DISABLE_ENV
+from specterbench.plugins.registry import BLOCK_ENV
 from specterbench.runfiles.results import read_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import pytest
 from specterbench import Strategy, hookimpl
 from specterbench.cli import main
 from specterbench.errors import UsageError
-from specterbench.plugins.host import BLOCK_ENV
+from specterbench.plugins.registry import BLOCK_ENV
 from specterbench.testing.pytest_plugin import install_dist
 
 FAST = ["--model", "tiny-random-mixtral", "--budgets", "50%", "--prompts", "1", "--tokens", "2", "--quiet"]

@@ -7,7 +7,8 @@ import pytest
 
 from specterbench import Strategy, hookimpl
 from specterbench.errors import UsageError
-from specterbench.plugins.host import BLOCK_ENV, DISABLE_ENV
+from specterbench.plugins.host import DISABLE_ENV
+from specterbench.plugins.registry import BLOCK_ENV
 from specterbench.testing.pytest_plugin import install_dist
 
 BIN = Path(sys.executable).parent
