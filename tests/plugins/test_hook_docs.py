@@ -28,12 +28,16 @@ RUNNER_ONLY = ("configure", "begin_request", "begin_warmup", "end_warmup", "run_
 
 
 def public_methods(cls) -> dict:
-    """Public functions of ``cls`` (plain, static and class methods; not properties)."""
+    """Public functions of ``cls`` and the package's classes it is built from (plain, static and class methods; not
+    properties): a method a mixin such as :class:`~specterbench.engine.cell_setup.CellSetup` gives the engine counts."""
     out = {}
-    for name, member in vars(cls).items():
-        fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
-        if not name.startswith("_") and inspect.isfunction(fn):
-            out[name] = (fn, not isinstance(member, staticmethod))
+    for klass in reversed(cls.__mro__):
+        if not klass.__module__.startswith("specterbench"):
+            continue
+        for name, member in vars(klass).items():
+            fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+            if not name.startswith("_") and inspect.isfunction(fn):
+                out[name] = (fn, not isinstance(member, staticmethod))
     return out
 
 

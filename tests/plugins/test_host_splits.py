@@ -6,6 +6,8 @@ import pytest
 from specterbench.bench.budget import parse_budget
 from specterbench.bench.config import BenchConfig
 from specterbench.bench.runner import Runner
+from specterbench.catalog.tiny import tiny_random
+from specterbench.engine.engine import Engine
 from specterbench.errors import BudgetError, UsageError
 from specterbench.runfiles.results import read_rows
 
@@ -88,3 +90,13 @@ def test_a_zero_budget_is_refused_by_a_strategy_that_cannot_run_it_naming_one_th
                          profile="a100-40g-pcie4", tokens=4, prompts=1)
     with pytest.raises(BudgetError, match=r"below what lru needs .* \(n-cpu-moe can run it\)"):
         Runner(host, config, tmp_path).run()
+
+
+def test_the_least_budget_is_zero_for_the_host_splits_and_one_forward_for_a_cache(host):
+    model, tok = tiny_random("mixtral")
+    engine = Engine(model, name="mixtral", tokenizer=tok)
+    least = {name: host.strategies().get(name).min_budget(engine, options)
+             for name, options in (("lru", {}), ("cpu-experts", {}), ("n-cpu-moe", {"n": "all"}), ("kt-hybrid", {}))}
+    one_forward = engine.min_budget_bytes()
+    assert least == {"lru": one_forward, "cpu-experts": one_forward, "n-cpu-moe": 0, "kt-hybrid": 0}
+    assert engine.min_budget_bytes() > 0
