@@ -8,6 +8,7 @@ import pytest
 
 from specterbench.errors import PluginError
 from specterbench.testing import conformance
+from specterbench.testing.lab import Lab
 from specterbench.testing.pytest_plugin import install_dist
 
 V1_PACKAGE = """
@@ -100,7 +101,7 @@ def test_a_v1_package_registers_through_its_entry_point(v1):
 
 def test_a_v1_package_keeps_the_rules_and_is_lossless(v1, tmp_path):
     host = v1(V1_PACKAGE, "specterbench-v1", "specterbench_v1")
-    lab = conformance.Lab(host, tmp_path / "runs")
+    lab = Lab(host, tmp_path / "runs")
     conformance.test_budget_is_never_exceeded("v1-next-layer", lab)
     conformance.test_no_expert_in_use_is_evicted("v1-next-layer", lab)
     conformance.test_tokens_are_lossless_on_every_family("v1-next-layer", "mixtral", lab)

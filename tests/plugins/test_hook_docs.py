@@ -15,6 +15,7 @@ from specterbench.engine.costs import CostEstimates
 from specterbench.engine.engine import Engine
 from specterbench.plugins import hookspecs
 from specterbench.testing import conformance
+from specterbench.testing.lab import Lab
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "plugins.md"
@@ -165,7 +166,7 @@ def test_the_example_strategy_fits_in_40_lines_and_passes_conformance_checks(hos
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     host.register(module, "cyclic")
-    lab = conformance.Lab(host, tmp_path / "runs")
+    lab = Lab(host, tmp_path / "runs")
     conformance.test_no_expert_in_use_is_evicted("cyclic", lab)  # runs at 35%, 50% and 60%
     conformance.test_budget_is_never_exceeded("cyclic", lab)
     conformance.test_tokens_are_lossless_on_every_family("cyclic", "mixtral", lab)

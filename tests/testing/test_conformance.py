@@ -9,6 +9,7 @@ import pytest
 
 from specterbench import Strategy, hookimpl
 from specterbench.testing import conformance
+from specterbench.testing.lab import Lab
 from specterbench.testing.pytest_plugin import install_dist
 
 # Strategies that each break one rule of the battery, installed as a real distribution (entry point and all).
@@ -159,7 +160,7 @@ def lab_with(host, tmp_path):
                     register(cls)
 
         host.register(Plugin(), "conformance-test-plugin")
-        return conformance.Lab(host, tmp_path)
+        return Lab(host, tmp_path)
 
     return make
 

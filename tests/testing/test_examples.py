@@ -19,6 +19,7 @@ from specterbench.engine.routing import RouterGuess
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.plugins.checks import check_strategy
 from specterbench.testing import conformance
+from specterbench.testing.lab import Lab
 
 ROOT = Path(__file__).resolve().parents[2]
 # strategy -> dir
@@ -58,7 +59,7 @@ def installed(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lab(installed, tmp_path_factory):
-    return conformance.Lab(installed[0], tmp_path_factory.mktemp("labs"))
+    return Lab(installed[0], tmp_path_factory.mktemp("labs"))
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
