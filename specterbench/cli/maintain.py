@@ -89,6 +89,7 @@ def cmd_fidelity(args) -> int:
     from specterbench.catalog import embedded
     from specterbench.studies import realism
     from specterbench.studies.fidelity import fit_calibration
+    from specterbench.studies.realism_tables import format_fidelity
 
     torch.set_num_threads(1)
     directory = Path(args.path) if args.path is not None else embedded.model_dir(args.model)
@@ -103,7 +104,7 @@ def cmd_fidelity(args) -> int:
         model.config.draft_error_scale = cal.error_scale
         model.config.draft_head_error_scale = cal.head_error_scale
     size = realism.ReportSize(draft_windows=args.windows)
-    print(realism.format_fidelity({"fidelity": realism.fidelity_rows(model, tokenizer, seq_len, size)}))
+    print(format_fidelity({"fidelity": realism.fidelity_rows(model, tokenizer, seq_len, size)}))
     return 0
 
 

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from specterbench.cli.options import add_decode_arguments, decode_setting
-from specterbench.studies.realism import DEFAULT_SIZE, ReportSize, format_fidelity, format_table, report
+from specterbench.studies.realism import DEFAULT_SIZE, ReportSize, report
+from specterbench.studies.realism_tables import format_fidelity, format_table
 
 
 def add_parser(subparsers) -> None:

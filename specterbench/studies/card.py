@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from specterbench.studies import realism, routing_stats
+from specterbench.studies.realism_tables import card_section
 
 #: the Markdown beside a card that says how its recipe was chosen
 NOTES_FILE = "TRAINING_NOTES.md"
@@ -185,4 +186,4 @@ def _realism_lines(name: str, directory: Path, rep: dict | None) -> list[str]:
     if rep is None:
         rep = realism.report(name, path=directory)
     (directory / "realism.json").write_text(json.dumps(rep, indent=1) + "\n")
-    return realism.card_section(rep).split("\n")
+    return card_section(rep).split("\n")

@@ -148,7 +148,7 @@ def test_the_calibrated_int4_draft_errs_like_a_real_one_and_fewer_bits_err_more(
 
 
 def test_fidelity_rows_report_checks_beside_the_anchors(shipped):
-    from specterbench.studies import realism
+    from specterbench.studies import realism, realism_tables
 
     model, windows = shipped["tiny-qwen-moe"]
     tok = embedded.load("tiny-qwen-moe")[1]
@@ -156,5 +156,5 @@ def test_fidelity_rows_report_checks_beside_the_anchors(shipped):
     assert set(rows["drafts"]) == {"int4/g128", "int3/g128", "int2/g128"}
     assert {"removed_greedy", "removed_sampled", "int4_exact_set", "int4_greedy", "lower_bits_worse"} <= set(
         rows["checks"])
-    table = realism.format_fidelity({"fidelity": rows})
+    table = realism_tables.format_fidelity({"fidelity": rows})
     assert "0.909" in table and "2511.14102" in table and "2502.10424" in table and "calibrated" in table

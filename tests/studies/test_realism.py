@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specterbench.catalog import embedded
-from specterbench.studies import lrc, realism
+from specterbench.studies import lrc, realism, realism_tables
 
 
 def trace(rows, k: int = 1) -> np.ndarray:
@@ -134,14 +134,14 @@ def test_report_of_each_stand_in_lists_every_metric(name):
     for key, _, _ in realism.ROWS:
         assert key in rep["decode"], key
     assert set(rep["checks"]) == set(realism.TOLERANCES)
-    table = realism.format_table(rep)
+    table = realism_tables.format_table(rep)
     for _, label, _ in realism.ROWS:
         assert label in table
     fid = rep["fidelity"]
     assert set(fid["drafts"]) == {"int4/g128", "int3/g128", "int2/g128"}
     assert all(0.0 <= r[key] <= 1.0 for r in (fid["experts_removed"], *fid["drafts"].values())
                for key in ("greedy", "sampled", "expert_overlap", "exact_set"))
-    assert "routed experts removed" in realism.format_fidelity(rep)
+    assert "routed experts removed" in realism_tables.format_fidelity(rep)
 
 
 
