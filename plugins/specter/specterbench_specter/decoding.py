@@ -25,9 +25,9 @@ import torch
 
 from specterbench import Strategy
 from specterbench.engine.dense_copy import dense_quantized_bytes, dense_spec, shared_dense
-from specterbench.engine.draft import QuantSpec, quantized_bytes, shared_quantized
+from specterbench.engine.draft import quantized_bytes, shared_quantized
 from specterbench.engine.precision import check_draft_below
-from specterbench.engine.quant_spec import draft_label
+from specterbench.engine.quant_spec import QuantSpec, draft_label
 from specterbench.errors import BudgetError, UsageError
 
 MAX_K = 32

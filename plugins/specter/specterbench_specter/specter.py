@@ -11,28 +11,27 @@ tokens in one pass. On top of the artifact:
 - **hybrid verification**: an expert the verification misses is computed on the host CPU when that is
   predicted to finish first, counting the host's own queue against the link's;
 - **a low-bit draft**: routed experts at 4 bits, group 128, on torch's int4 kernel, by default; at 3 bits where the
-  budget cannot hold the 4-bit one (``--set specter.bits=3`` etc. fixes it).
+  budget cannot hold the 4-bit one (``--set specter.bits=3`` etc. fixes it);
+- **residents and an eviction order** that keep the calibration's popular experts and the window's predictions
+  (:mod:`.eviction`), and **a floor**: the draft is dropped when plain decoding over the cache its bytes would add to
+  is cheaper (:mod:`.floor`).
 
-Room is made by evicting transients the window does not need ahead (least recently used first), then residents it
-does not need ahead (least popular first), then predicted ones of layers the verification has passed, then the one
-needed last; the plan's own copies take only the room of transients, never a resident's. Tokens are the target's
-own under greedy and sampled decoding.
+Tokens are the target's own under greedy and sampled decoding.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import statistics
 
-import torch
-
-from specterbench.engine.draft import QuantSpec
+from specterbench.engine.quant_spec import QuantSpec
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import UsageError
 from specterbench.strategy import FETCH, ON_HOST
 
 from .decoding import MAX_K, SpeculativeDecoding
+from .eviction import CacheOrder
+from .floor import DraftFloor
 from .governor import K_CHOICES, Governor, Shape, WindowCosts
 from .planner import LookaheadPlanner, by_layer
 
@@ -58,7 +57,7 @@ def parse_specter_k(value):
     return k
 
 
-class Specter(SpeculativeDecoding):
+class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
     name = "specter"
     version = "5"  # 5: no plan at a cache of ≤ top-k slots; 4: int4 draft default, noise-aware release, transients only
     description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
@@ -101,8 +100,8 @@ class Specter(SpeculativeDecoding):
     def attach(self, engine):
         super().attach(engine)
         # no room for a plan: a cache of at most one layer's top-k slots holds no resident, and every copy the plan
-        # makes evicts what the layer being verified has just fetched through the same link (measured at Mixtral
-        # A100 35%, 2 slots: 0.934x spec-host with the plan on; section "Measured" of the README)
+        # makes evicts what the layer being verified has just fetched through the same link (measured: see
+        # docs/measurements/2026-12-03-specter-vs-goal-int4-default.md)
         self.plan_on = self.plan != "off" and self.slots > engine.top_k
         self.planner = LookaheadPlanner(engine)
         self.governor = Governor(Shape(engine.num_layers, engine.num_experts, engine.top_k, self.slots),
@@ -142,102 +141,8 @@ class Specter(SpeculativeDecoding):
         self.predictions = []
         self.host_calls = self.fetch_calls = 0
 
-    def load_residents(self, engine, calibration) -> None:
-        """Frequency-aware residency: the cache starts with the calibration set's most popular experts (all
-        slots but one layer's top-k, as cpu-experts pins them); they are given up least popular first."""
-        self.popularity: dict = {}
-        if calibration is None:
-            return
-        counts = calibration.counts.flatten().float()  # [layers * experts]
-        order = torch.argsort(counts, descending=True, stable=True).tolist()
-        self.popularity = {divmod(i, engine.num_experts): rank for rank, i in enumerate(order)}  # 0: most used
-        n = max(0, self.slots - engine.top_k)
-        self.residents = {divmod(i, engine.num_experts) for i in order[:n]}
-        self.residents_by_unpopularity = [divmod(i, engine.num_experts) for i in reversed(order[:n])]
-        for key in sorted(self.residents):
-            if key not in engine.cache and engine.make_room(engine.expert_bytes, protect=self.residents, needed=key):
-                engine.prefetch(key)
-
-    residents: frozenset = frozenset()
-    popularity: dict = {}  # (layer, expert) -> rank in the calibration counts (0: most used); empty: no calibration
-    residents_by_unpopularity: tuple = ()
     residents_read = 0  # of the residents cached as the window started, those its verification routed to
     window_residents: frozenset = frozenset()
-    parked = ()  # transients' heap entries set aside while the window predicts them
-    draft_released = False
-    plain_forecast_ms = spec_forecast_ms = None
-
-    def maybe_release_draft(self, engine, calibration) -> None:
-        """After the seed: when plain decoding over the cache the draft's bytes would add to is predicted cheaper per
-        token than the best window with the draft, drop the draft and give its bytes to the cache."""
-        self.calibration_counts = sorted(calibration.counts.flatten().tolist(), reverse=True)
-        costs = self.window_costs(10**6)
-        self.governor.prior_miss_s = costs.prior_miss_s()
-        spec = min((self.governor.forecast(k, costs) for k in self.governor.choices if k), key=lambda f: f.per_token_s)
-        self.spec_forecast_ms = spec.per_token_s * 1e3
-        # the seed's realised windows: the best depth's time per emitted token (one or two windows a depth, so the
-        # minimum errs towards keeping the draft), in place of the forecast when it is worse
-        by_k: dict = {}
-        for k, seconds, emitted in self.seed_windows:
-            t, n = by_k.get(k, (0.0, 0))
-            by_k[k] = (t + seconds, n + emitted)
-        realised = min((t / n for t, n in by_k.values() if n), default=0.0)
-        if self.draft_loses(max(spec.per_token_s, realised), costs):
-            self.release_draft()
-
-    calibration_counts: list = []
-    recent_windows: list = []  # (seconds, tokens emitted) of the last speculative windows outside the seed
-    seed_windows: list = []  # (K, seconds, tokens emitted) of the seed's speculative windows
-    seeding = False
-    release_votes = 0
-    RELEASE_VOTES = 3  # net windows that must find the draft losing (a winning window takes one vote back)
-    # the draft stays only while its best window is forecast at least this much cheaper per token than plain
-    # decoding without it: the floor (never more than 3% behind the strongest non-speculative strategy) outweighs
-    # the last few percent of a draft near break-even, and the forecasts err by about this much
-    RELEASE_MARGIN = 0.05
-
-    def draft_loses(self, spec_per_token_s: float, costs) -> bool:
-        """Whether speculation, by the realised time per emitted token of the recent windows with the draft (its
-        forecast before there are enough), is not ``RELEASE_MARGIN`` cheaper than plain decoding without it. The
-        realised figure is read at one standard error below its estimate: accepted runs are bursty (a window of
-        K = 28 emits 1 to 29 tokens), so a few short windows in a row must not drop a draft that pays on average —
-        one that loses by more than its noise still goes within a few windows."""
-        recent = self.recent_windows[-self.RECENT:]
-        if len(recent) >= 3:
-            seconds, tokens = sum(s for s, _ in recent), sum(n for _, n in recent)
-            estimate = seconds / tokens
-            m = len(recent)  # the ratio estimator's standard error, from the windows' residuals
-            se = math.sqrt(sum((s - estimate * n) ** 2 for s, n in recent) / (m * (m - 1))) / (tokens / m)
-            self.spec_realised_ms = estimate * 1e3
-            spec_per_token_s = estimate - se
-        return spec_per_token_s * (1 + self.RELEASE_MARGIN) > self.plain_without_draft_s(costs)
-
-    RECENT = 16  # speculative windows whose realised time per token the release decision reads
-    spec_realised_ms = None
-
-    def plain_without_draft_s(self, costs) -> float:
-        """Per token, plain decoding once the draft's bytes are cache: the calibration set's most popular experts
-        resident in every slot but one layer's top-k (as :meth:`load_residents` would place them), the rest missed
-        and placed on the host or fetched (:meth:`Governor.plain_step_s`)."""
-        counts = self.calibration_counts
-        total = sum(counts) or 1
-        e = self.engine
-        slots = (e.cache.capacity_bytes + self.draft_bytes(e)) // e.expert_bytes
-        covered = sum(counts[:max(0, slots - e.top_k)])
-        self.plain_forecast_ms = self.governor.plain_step_s(costs, 1 - covered / total) * 1e3
-        return self.plain_forecast_ms / 1e3
-
-    def release_draft(self) -> None:
-        """Drop the draft (``engine.release_device_bytes``): its bytes become cache, filled with the next most
-        popular experts; the cell decodes with K = 0 from here on."""
-        engine = self.engine
-        engine.release_device_bytes(self.draft_bytes(engine))
-        self.draft_released = True
-        self.k_option, self.k = 0, 0
-        self.slots = engine.cache.capacity_bytes // engine.expert_bytes
-        if self.calibration is not None:
-            self.load_residents(engine, self.calibration)
-
     # ---- the governor ------------------------------------------------------------------------------
     def window_costs(self, remaining: int) -> WindowCosts:
         return WindowCosts(self.engine, self.draft, remaining, self.host_path, self.dense_ratio,
@@ -248,8 +153,8 @@ class Specter(SpeculativeDecoding):
     def choose_k(self, remaining: int) -> int:
         self.window_misses0 = self.engine.stats.misses
         cache = self.engine.cache
-        # cached as the window starts: one intersection in C (a comprehension through the cache's __contains__ took
-        # 1.2 ms a window over 14,848 residents, the intersection 0.5 ms)
+        # cached as the window starts: one intersection in C, not a Python check per resident (thousands of them at
+        # a real model's geometry, every window)
         self.window_residents = cache.cached(self.residents)
         self.residents_cached, self.residents_read = len(self.window_residents), 0
         self.governor.plan_slots = self.slots - self.residents_cached
@@ -372,79 +277,6 @@ class Specter(SpeculativeDecoding):
             return ON_HOST
         self.fetch_calls += 1
         return FETCH
-
-    verify_layer = -1
-
-    def choose_victim(self, candidates, needed):
-        victim = self._victim(candidates)
-        if needed is not None:
-            self._track(needed)  # about to be fetched: a transient from now on
-        return victim
-
-    def _track(self, key) -> None:
-        """Keep ``key`` among the transients (a heap by recency, refreshed lazily as the cache touches them)."""
-        if key not in self.residents and key not in self.transients:
-            cache = self.engine.cache
-            stamp = cache.recency(key) if key in cache else -1
-            self.transients[key] = stamp
-            heapq.heappush(self.transient_heap, (stamp, key))
-
-    def _victim(self, candidates):
-        """Transients not needed ahead least recently used first, then residents not needed ahead least popular
-        first, then experts of layers the verification has passed; without scanning the cache: the transients sit
-        in a heap by recency (stale entries refreshed or dropped as they surface), the residents are walked in
-        popularity order, and each walk stops at the first fit. "Needed ahead": the draft routed to it in this
-        window, at a layer the verification has not passed (a predicted expert of a passed layer is just a
-        transient). A copy of the plan (``planning``) takes only the room of transients not needed ahead: a
-        one-window prediction never displaces the calibration's popular residents, which no later step brings back."""
-        predicted = self.window_draft if self.plan_on else {}  # spec-host: no draft-guided eviction
-        cache, heap, aside = self.engine.cache, self.transient_heap, []
-        passed = self.verify_layer if self.verifying else -1
-
-        def unneeded(k):
-            return k[0] < passed or k[1] not in predicted.get(k[0], ())
-
-        best = None
-        while heap:
-            stamp, k = heap[0]
-            if k not in cache or k in self.residents:
-                heapq.heappop(heap)
-                del self.transients[k]
-            elif (now := cache.recency(k)) != stamp:
-                heapq.heapreplace(heap, (now, k))
-                self.transients[k] = now
-            elif not unneeded(k):  # needed ahead: stays so until the window ends
-                self.parked.append(heapq.heappop(heap))
-            elif k in candidates:
-                best = k
-                break
-            else:  # in use, on the link or protected: may be a candidate at the next call
-                aside.append(heapq.heappop(heap))
-        for item in aside:
-            heapq.heappush(heap, item)
-        if best is not None:  # least recently used first
-            return best
-        if self.planning:
-            return None
-        # residents the window does not need, least popular first; those evicted since (most of the walk at DeepSeek-V3
-        # geometry: ~230 of 2,000 per call) skipped by a C-level dict lookup, not a Python check each
-        for k in filter(cache.slots.__contains__, self.residents_by_unpopularity):
-            if k in candidates and unneeded(k):
-                return k
-        untracked = next((k for k in candidates if unneeded(k)), None)  # e.g. landed since the last layer
-        if untracked is not None:
-            return untracked
-        done = next((k for k in candidates if k[0] < self.verify_layer), None)  # layers the verification passed
-        if done is not None:
-            return done
-        # all predicted and still ahead: give up the one needed last (latest layer, fewest draft tokens)
-        return max(candidates, key=lambda k: (k[0], -predicted.get(k[0], {}).get(k[1], 0)))
-
-    planning = False  # inside the plan's copies (after a draft step, before the verification)
-
-    def on_copy_landed(self, key):
-        super().on_copy_landed(key)
-        self._track(key)
 
     def predicted(self):
         return by_layer(self.planner.planned)
