@@ -180,12 +180,12 @@ def nvml_width() -> None:
 
 def packed_draft() -> None:
     from specterbench.catalog.tiny import tiny_random
-    from specterbench.engine import packing
+    from specterbench.engine import lowbit_ops
     from specterbench.engine.draft import QuantizedExperts, QuantSpec
     from specterbench.engine.engine import Engine
 
     say("\n## packed drafts on CUDA")
-    say(f"torch int4 weight-only matmul works in bf16 here: {packing.int4_kernel_works('cuda', torch.bfloat16)}")
+    say(f"torch int4 weight-only matmul works in bf16 here: {lowbit_ops.int4_kernel_works('cuda', torch.bfloat16)}")
     model, tok = tiny_random("qwen2_moe")
     engine = Engine(model.to(torch.bfloat16), name="q", device="cuda", tokenizer=tok)
     for spec in (QuantSpec(bits=3, blocksize=128, quantizer="int"), QuantSpec(bits=4, blocksize=128, quantizer="int")):

@@ -16,7 +16,7 @@ import functools
 import torch
 from torch import nn
 
-from specterbench.engine import packing
+from specterbench.engine import bitpack, packing
 from specterbench.engine.draft import (
     QuantSpec,
     itemsize,
@@ -133,7 +133,7 @@ def _dense_scratch_real_bytes(engine, spec: QuantSpec) -> int:
     cap = dense_scratch_rows(engine.model)
     elems = max((scratch_elems(tuple(m.weight.shape), spec, kernel_name_for(tuple(m.weight.shape), spec, engine),
                                 rows=max(1, cap // m.weight.shape[1])) for m in linears), default=0)
-    return elems * itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+    return elems * itemsize(engine.compute_dtype) + bitpack.unpack_table_bytes(spec.bits)
 
 
 class QuantizedDense:
@@ -203,8 +203,8 @@ class QuantizedDense:
     def allocated_bytes(self) -> int:
         if not self.packed:
             return 0  # released
-        held = sum(p.nbytes() for p in self.packed) + packing.storage_bytes(self.scratch)
-        return held + packing.unpack_table_bytes(self.spec.bits)
+        held = sum(p.nbytes() for p in self.packed) + bitpack.storage_bytes(self.scratch)
+        return held + bitpack.unpack_table_bytes(self.spec.bits)
 
     def release(self) -> None:
         if self._active:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from specterbench.engine import packing
+from specterbench.engine import bitpack, lowbit_ops, packing
 from specterbench.engine.geometry import PRICED_DTYPE_BYTES
 from specterbench.engine.kernels import LaunchCounter
 from specterbench.engine.lowbit import BF16, INT4_TORCH, INT8, kernel_for
@@ -43,11 +43,11 @@ def kernel_name_for(shape, spec: QuantSpec, engine) -> str:
     """The kernel a weight of ``shape`` quantized with ``spec`` runs on ``engine``'s device (before quantizing)."""
     rows, cols = shape
     group = spec.blocksize if cols % spec.blocksize == 0 else cols
-    if (spec.quantizer == "int" and spec.bits == 4 and group in packing.INT4_GROUPS and rows % 16 == 0
-            and cols % (16 * packing.INT4_INNER_K_TILES) == 0
-            and packing.int4_kernel_works(str(engine.device), engine.compute_dtype)):
+    if (spec.quantizer == "int" and spec.bits == 4 and group in lowbit_ops.INT4_GROUPS and rows % 16 == 0
+            and cols % (16 * lowbit_ops.INT4_INNER_K_TILES) == 0
+            and lowbit_ops.int4_kernel_works(str(engine.device), engine.compute_dtype)):
         return "int4mm"
-    if spec.quantizer == "sym" and packing.int8_kernel_works(str(engine.device), engine.compute_dtype):
+    if spec.quantizer == "sym" and lowbit_ops.int8_kernel_works(str(engine.device), engine.compute_dtype):
         return "int8mm"
     if spec.quantizer == "bnb" and spec.bits == 4 and engine.device.type == "cuda":  # pragma: no cover - CUDA
         return "bnb-gemv"
@@ -106,7 +106,7 @@ def expert_scratch_bytes(engine, spec: QuantSpec) -> int:
     if engine.geometry is not engine.own_geometry:
         return priced_share(engine, experts * _priced_dequantized_elems(engine.geometry, kernels))
     elems = max(scratch_elems(w.shape, spec, k) for w, k in zip((gate_up, down), kernels))
-    return experts * elems * itemsize(engine.compute_dtype) + packing.unpack_table_bytes(spec.bits)
+    return experts * elems * itemsize(engine.compute_dtype) + bitpack.unpack_table_bytes(spec.bits)
 
 
 def _priced_dequantized_elems(g, kernels) -> int:
@@ -242,7 +242,7 @@ class QuantizedExperts:
                    if not self.stacks or self.stacks[0][j] is None)  # a kernel's own weights
         # a stacked projection's weights are views of their layer's stack: count the stacks once
         held += sum(w.nbytes() for pair in self.stacks.values() for w in pair if w is not None)
-        return held + packing.storage_bytes(self.scratch) + packing.unpack_table_bytes(self.spec.bits)
+        return held + bitpack.storage_bytes(self.scratch) + bitpack.unpack_table_bytes(self.spec.bits)
 
     def release(self) -> None:
         """Free the packed weights and the scratch (the end of the cell)."""

@@ -21,9 +21,10 @@ Computing ``x @ W.T`` (:meth:`PackedWeight.linear`) takes the low-bit kernel tha
   launch per call, no scratch;
 - ``sym`` int8: torch's int8 weight-only matmul (``aten._weight_int8pack_mm``) on the int8 codes and the per-channel
   scales, stored in the compute dtype as the op takes them — one launch per call, no scratch. torch 2.13's CPU build
-  registers it for CPU (fp32, bf16, fp16 activations; checked by :func:`int8_kernel_works`); torch's source also has
-  MPS and CUDA implementations (``aten/src/ATen/native/cuda/int8mm.cu``: one thread per output element, activations
-  and scales converted to fp32 around it) — the modeled clock prices the layout at gpt-fast's int8 weight-only
+  registers it for CPU (fp32, bf16, fp16 activations; checked by
+  :func:`~specterbench.engine.lowbit_ops.int8_kernel_works`); torch's source also has MPS and CUDA implementations
+  (``aten/src/ATen/native/cuda/int8mm.cu``: one thread per output element, activations and scales converted to fp32
+  around it) — the modeled clock prices the layout at gpt-fast's int8 weight-only
   figure (:data:`~specterbench.engine.lowbit.INT8`, the same codes and per-channel scales), which that simple CUDA
   kernel is not known to reach; a measured CUDA run says what it does;
 - bitsandbytes 4-bit on CUDA: ``bnb.matmul_4bit`` (gemv on packed nibbles);
@@ -36,144 +37,23 @@ Computing ``x @ W.T`` (:meth:`PackedWeight.linear`) takes the low-bit kernel tha
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
+from specterbench.engine.bitpack import pack_bits, storage_bytes, unpack_bits
+from specterbench.engine.lowbit_ops import (
+    INT4_GROUPS,
+    INT4_INNER_K_TILES,
+    INT8_MM,
+    int4_kernel_works,
+    int4_layout,
+    int4_mm,
+    int4_op,
+    int8_kernel_works,
+)
 from specterbench.errors import UsageError
 
-INT4_GROUPS = (32, 64, 128, 256)  # group sizes torch's int4 weight-only kernels take
-INT4_INNER_K_TILES = 2
 LOWBIT_KERNELS = ("int4mm", "int8mm", "bnb-gemv")  # kernels that compute from the packed weight (no scratch)
-
-
-def storage_bytes(t: torch.Tensor | None) -> int:
-    """Bytes of the storage behind ``t`` (what it really allocates, not its view's size)."""
-    return 0 if t is None else t.untyped_storage().nbytes()
-
-
-# ---- bit packing -----------------------------------------------------------------------------------
-def pack_bits(q: torch.Tensor, bits: int) -> torch.Tensor:
-    """Values ``0 ≤ q < 2**bits`` (uint8, any shape) packed 8 to ``bits`` bytes (little-endian bit order); uint8."""
-    flat = q.reshape(-1).to(torch.uint8)
-    if bits == 8:
-        return flat.clone()
-    pad = (-flat.numel()) % 8
-    if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad)])
-    if bits == 4:  # value 2i in byte i's low nibble, 2i + 1 in its high one (what unpack_bits' fast path reads)
-        pairs = flat.view(-1, 2)
-        return pairs[:, 0] | (pairs[:, 1] << 4)
-    v = flat.view(-1, 8).long()  # [M, 8]
-    shifts = torch.arange(0, 8 * bits, bits, device=q.device)  # value j at bits·j of its word (8·bits bits)
-    word = (v << shifts).sum(1)  # [M]: the bit fields do not overlap, so their sum is their OR
-    bytes_ = torch.arange(0, 8 * bits, 8, device=q.device)  # byte i: bits 8i..8i+7
-    return ((word.unsqueeze(1) >> bytes_) & 0xFF).to(torch.uint8).reshape(-1)  # [M·bits], little-endian
-
-
-@functools.lru_cache(maxsize=None)
-def _unpack_tables(bits: int, device: str) -> torch.Tensor:
-    """``T[i, byte, j]``: the bits of value ``j`` (of 8) that byte ``i`` of a packed word holds, in place — so a
-    word's values are ``Σ_i T[i, byte_i]``: ``bits`` gathers and adds instead of shifts per value. uint8
-    [bits, 256, 8]."""
-    t = torch.zeros(bits, 256, 8, dtype=torch.uint8)
-    byte = torch.arange(256)
-    for i in range(bits):
-        for j in range(8):
-            for bit in range(bits):
-                pos = bits * j + bit  # the word's bit holding this value's bit
-                if pos // 8 == i:
-                    t[i, :, j] |= (((byte >> (pos % 8)) & 1) << bit).to(torch.uint8)
-    return t.to(device)
-
-
-def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """The first ``n`` values packed by :func:`pack_bits`, as uint8 [n]: 4 bits by mask and shift (3 launches), other
-    widths by ``bits`` table gathers (:func:`_unpack_tables`)."""
-    if bits == 8:
-        return packed[:n]
-    if bits == 4:  # value 2i in byte i's low nibble, 2i + 1 in its high one: a mask and a shift, no table
-        return torch.stack((packed & 15, packed >> 4), -1).reshape(-1)[:n]
-    b = packed.view(-1, bits).long()  # [M, bits] byte indices
-    t = _unpack_tables(bits, str(packed.device))
-    # index_select, not t[i][b[:, i]]: the same one gather, without advanced indexing's host-side dispatch
-    out = t[0].index_select(0, b[:, 0])  # [M, 8]
-    for i in range(1, bits):
-        out += t[i].index_select(0, b[:, i])
-    return out.reshape(-1)[:n]
-
-
-def unpack_table_bytes(bits: int) -> int:
-    return 0 if bits in (4, 8) else bits * 256 * 8  # 4 bits: nibbles, unpacked without a table
-
-
-def packed_bytes(n: int, bits: int) -> int:
-    """Bytes :func:`pack_bits` uses for ``n`` values."""
-    return n if bits == 8 else -(-n // 8) * bits
-
-
-# ---- the int4 kernel -------------------------------------------------------------------------------
-def _int4_layout(codes: torch.Tensor) -> torch.Tensor:
-    """Codes uint8 [N, K] in the int4 kernel's layout for their device (CPU: from int32; CUDA: from nibbles)."""
-    if codes.device.type == "cpu":
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), INT4_INNER_K_TILES)
-    nibbles = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()  # pragma: no cover - needs CUDA
-    return torch.ops.aten._convert_weight_to_int4pack(nibbles, INT4_INNER_K_TILES)  # pragma: no cover
-
-
-# the ops' default overloads, bound once: the same aten kernels (and the same dispatch a LaunchCounter counts), without
-# the overload packet's per-call resolution (~1 µs a call, ~700 calls a draft step at DeepSeek-V3 geometry)
-_INT4_MM_CPU = torch.ops.aten._weight_int4pack_mm_for_cpu.default
-_INT8_MM = torch.ops.aten._weight_int8pack_mm.default
-
-
-def _int4_op(device: torch.device):
-    """torch's int4 weight-only matmul for ``device``: ``(x, layout, group, scale_zero) -> x @ W.T``."""
-    return _INT4_MM_CPU if device.type == "cpu" else torch.ops.aten._weight_int4pack_mm.default
-
-
-def _int4_mm(x: torch.Tensor, layout: torch.Tensor, group: int, scale_zero: torch.Tensor) -> torch.Tensor:
-    return _int4_op(x.device)(x, layout, group, scale_zero)
-
-
-@functools.lru_cache(maxsize=None)
-def int4_kernel_works(device: str, dtype: torch.dtype) -> bool:
-    """Whether torch's int4 weight-only matmul runs on ``device`` for ``dtype`` and matches dequantization: a probe
-    once per (device, dtype); False where the op is missing or refuses (e.g. CUDA before sm80, fp32 on CUDA)."""
-    try:
-        gen = torch.Generator().manual_seed(0)
-        n, k, g = 64, 256, 64
-        codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8).to(device)
-        scale = (torch.rand(n, k // g, generator=gen) + 0.5).to(device)
-        zero = torch.randint(0, 16, (n, k // g), generator=gen).float().to(device)
-        x = torch.randn(3, k, generator=gen).to(device, dtype)
-        table = torch.stack([scale.t(), ((8 - zero) * scale).t()], -1).to(dtype).contiguous()  # [G, N, 2]
-        y = _int4_mm(x, _int4_layout(codes), g, table)
-        w = ((codes.float().view(n, -1, g) - zero[..., None]) * scale[..., None]).view(n, k)
-        want = x.float() @ w.t()
-        return bool(torch.allclose(y.float(), want, rtol=0.05, atol=0.05 * float(want.abs().mean())))
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return False
-
-
-# ---- the int8 kernel -------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def int8_kernel_works(device: str, dtype: torch.dtype) -> bool:
-    """Whether torch's int8 weight-only matmul (``aten._weight_int8pack_mm``: int8 codes [N, K], one scale per
-    output channel in the activations' dtype) runs on ``device`` for ``dtype`` and matches dequantization: a probe
-    once per (device, dtype); False where the op is missing or refuses."""
-    try:
-        gen = torch.Generator().manual_seed(0)
-        n, k = 64, 256
-        codes = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8).to(device)
-        scale = (torch.rand(n, generator=gen) + 0.5).to(device, dtype)
-        x = torch.randn(3, k, generator=gen).to(device, dtype)
-        y = torch.ops.aten._weight_int8pack_mm(x, codes, scale)
-        want = x.float() @ (codes.float() * scale.float()[:, None]).t()
-        return bool(torch.allclose(y.float(), want, rtol=0.05, atol=0.05 * float(want.abs().mean())))
-    except (RuntimeError, NotImplementedError, AttributeError):
-        return False
 
 
 # ---- one packed weight -----------------------------------------------------------------------------
@@ -213,7 +93,7 @@ class PackedWeight:
             s = self.scale.t().float()  # [G, N]
             table = torch.stack([s, (8 - self._zero().t().float()) * s], -1)
             self.table = table.to(compute_dtype).contiguous()  # the kernel takes it in the activations' dtype
-            self.codes = _int4_layout(self._codes_2d())
+            self.codes = int4_layout(self._codes_2d())
             self.scale = self.zero = None  # the table holds them
             self.kernel = "int4mm"
         elif spec.quantizer == "sym" and int8_kernel_works(str(w.device), compute_dtype):
@@ -381,9 +261,9 @@ class PackedWeight:
         """``x -> x @ W.T`` for a contiguous ``x`` [T, C] as one call of this weight's low-bit kernel, its operands
         bound (what :meth:`linear` runs for it); None where the weight is dequantized or on bitsandbytes."""
         if self.kernel == "int4mm":
-            return lambda x, op=_int4_op(self.codes.device), c=self.codes, g=self.group, t=self.table: op(x, c, g, t)
+            return lambda x, op=int4_op(self.codes.device), c=self.codes, g=self.group, t=self.table: op(x, c, g, t)
         if self.kernel == "int8mm":
-            return lambda x, op=_INT8_MM, c=self.codes, s=self.scale: op(x, c, s)
+            return lambda x, op=INT8_MM, c=self.codes, s=self.scale: op(x, c, s)
         return None
 
     def linear(self, x: torch.Tensor, scratch: torch.Tensor | None = None,
@@ -393,10 +273,10 @@ class PackedWeight:
         low-bit kernels)."""
         r, c = self.shape
         if self.kernel == "int4mm":
-            y = _int4_mm(x.contiguous(), self.codes, self.group, self.table)
+            y = int4_mm(x.contiguous(), self.codes, self.group, self.table)
             return y if bias is None else y + bias
         if self.kernel == "int8mm":
-            y = _INT8_MM(x.contiguous(), self.codes, self.scale)
+            y = INT8_MM(x.contiguous(), self.codes, self.scale)
             return y if bias is None else y + bias
         if self.kernel == "bnb-gemv":  # pragma: no cover - needs CUDA
             import bitsandbytes as bnb

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specterbench.engine import packing
+from specterbench.engine import bitpack, packing
 from specterbench.errors import UsageError
 
 SUPPORTED_4BIT_TYPES = ("nf4", "fp4")
@@ -143,10 +143,10 @@ class QuantSpec:
             return n + rows * (table_itemsize if kernel == "int8mm" else 2)
         groups = rows * (cols // (self.blocksize if cols % self.blocksize == 0 else cols))
         if kernel == "int4mm":  # the kernel's (scale, zero) table replaces the fp16 scale and 4-bit zero
-            return packing.packed_bytes(n, self.bits) + 2 * table_itemsize * groups
+            return bitpack.packed_bytes(n, self.bits) + 2 * table_itemsize * groups
         if self.quantizer == "int":
-            return packing.packed_bytes(n, self.bits) + 2 * groups + packing.packed_bytes(groups, self.bits)
-        return packing.packed_bytes(n, self.bits) + 4 * groups  # hqq: fp16 scale and zero
+            return bitpack.packed_bytes(n, self.bits) + 2 * groups + bitpack.packed_bytes(groups, self.bits)
+        return bitpack.packed_bytes(n, self.bits) + 4 * groups  # hqq: fp16 scale and zero
 
     def bits_per_weight(self, n: int = 1 << 20, kernel: str | None = None, cols: int | None = None) -> float:
         """Stored bits per weight of a weight of ``n`` values (``cols``: its input dimension, where the metadata is

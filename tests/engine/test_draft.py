@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine import packing
+from specterbench.engine import bitpack, lowbit_ops, packing
 from specterbench.engine.dense_copy import QuantizedDense, dense_spec, shared_dense
 from specterbench.engine.draft import (
     QuantizedExperts,
@@ -81,7 +81,7 @@ def test_a_draft_allocates_no_more_than_it_is_charged(spec, dtype):
     assert all(t.element_size() <= 2 for t in held)  # codes, fp16 scales, packed zeros: never a 32-bit copy
     sixteen_bit = engine.total_expert_bytes
     # the packed weights themselves, scratch aside (a tiny model's top-k scratch is large beside its tiny experts)
-    packed = draft.allocated_bytes() - packing.storage_bytes(draft.scratch) - packing.unpack_table_bytes(spec.bits)
+    packed = draft.allocated_bytes() - bitpack.storage_bytes(draft.scratch) - bitpack.unpack_table_bytes(spec.bits)
     assert packed < (spec.bits / 16 + 0.2) * sixteen_bit
 
 
@@ -114,9 +114,8 @@ def test_a_packed_draft_computes_what_the_dequantized_weights_give(spec):
 
 
 def test_the_int4_draft_runs_torchs_int4_kernel_where_the_shapes_allow():
-    from specterbench.engine import packing
 
-    if not packing.int4_kernel_works("cpu", torch.float32):
+    if not lowbit_ops.int4_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int4 weight-only matmul")
     w = torch.randn(64, 256)
     p = packing.PackedWeight(w, QuantSpec(bits=4, blocksize=128, quantizer="int"), torch.float32)
@@ -129,9 +128,8 @@ def test_the_int4_draft_runs_torchs_int4_kernel_where_the_shapes_allow():
 
 
 def test_the_int8_dense_format_runs_torchs_int8_kernel_from_its_codes_and_channel_scales():
-    from specterbench.engine import packing
 
-    if not packing.int8_kernel_works("cpu", torch.float32):
+    if not lowbit_ops.int8_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int8 weight-only matmul")
     w = torch.randn(48, 96)
     spec = dense_spec(8)
@@ -178,7 +176,7 @@ def test_an_entered_dense_copy_runs_each_module_through_its_kernel_and_leaves_no
                         m(x)
                     assert counter.total == 1 + (m.bias is not None)  # the kernel (and a bias add)
         assert all("forward" not in m.__dict__ for m in copy.modules)
-    if packing.int8_kernel_works("cpu", torch.float32):
+    if lowbit_ops.int8_kernel_works("cpu", torch.float32):
         assert (copy.packed[0].kernel == "int8mm") == (quantizer is None)
 
 
@@ -194,11 +192,10 @@ def test_the_earlier_int8_g64_dense_copy_stays_reachable_and_dequantizes():
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe"])
 def test_the_int8_dense_copy_is_priced_as_the_int8_kernel_reading_its_stored_bytes(family):
-    from specterbench.engine import packing
     from specterbench.engine.kernels import LaunchCounter
     from specterbench.engine.lowbit import INT8
 
-    if not packing.int8_kernel_works("cpu", torch.float32):
+    if not lowbit_ops.int8_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int8 weight-only matmul")
     from specterbench.engine.clocks import ModeledClock
     from specterbench.engine.profiles import default_host_profile, default_profile
@@ -231,7 +228,7 @@ def test_the_int8_dense_copy_is_priced_as_the_int8_kernel_reading_its_stored_byt
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 8])
 def test_bits_pack_and_unpack_losslessly(bits):
-    from specterbench.engine.packing import pack_bits, packed_bytes, unpack_bits
+    from specterbench.engine.bitpack import pack_bits, packed_bytes, unpack_bits
 
     q = torch.randint(0, 1 << bits, (1003,), dtype=torch.uint8)
     packed = pack_bits(q, bits)
@@ -242,7 +239,7 @@ def test_bits_pack_and_unpack_losslessly(bits):
 def test_packed_bytes_hold_each_value_at_bits_times_its_index_little_endian(bits):
     """The layout every stored draft and unpacking path assumes, against a bit-by-bit reference: value ``j`` of a
     group of 8 at bits ``bits·j`` … of the group's ``bits`` bytes, least significant byte first."""
-    from specterbench.engine.packing import pack_bits
+    from specterbench.engine.bitpack import pack_bits
 
     q = torch.randint(0, 1 << bits, (21,), generator=torch.Generator().manual_seed(bits), dtype=torch.uint8)
     values = q.tolist() + [0] * ((-len(q)) % 8)
@@ -331,9 +328,8 @@ def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
     assert packed < charged < 1.2 * packed  # the real model's share, plus its scratch scaled alike
     assert 0.003 < share < 0.03  # Mixtral: attention and head are ~3% of the 16-bit expert bytes
     assert dense_quantized_bytes(engine, None) == 0
-    from specterbench.engine import packing
 
-    if packing.int8_kernel_works("cpu", engine.compute_dtype):  # the int8 kernel's copy: codes and row scales only
+    if lowbit_ops.int8_kernel_works("cpu", engine.compute_dtype):  # the int8 kernel's copy: codes and row scales only
         kernel = dense_spec(8)
         bits = kernel.bits_per_weight(kernel="int8mm", cols=g.hidden)
         assert bits == pytest.approx(8 + 16 / g.hidden)
@@ -342,13 +338,12 @@ def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
 
 
 def test_the_modeled_clock_prices_the_kernel_that_runs():
-    from specterbench.engine import packing
     from specterbench.engine.clocks import ModeledClock
     from specterbench.engine.geometry import project
     from specterbench.engine.profiles import default_host_profile, default_profile
     from specterbench.strategy import Strategy
 
-    if not packing.int4_kernel_works("cpu", torch.float32):
+    if not lowbit_ops.int4_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int4 weight-only matmul")
     model, tok = tiny_random("qwen2_moe")
     engine = Engine(model, name="qwen", tokenizer=tok)
@@ -407,10 +402,9 @@ def test_an_int4_draft_groups_the_projection_its_kernel_does_not_take(geometry):
     routed experts together — the per-expert path's values, fewer launches than it, the scratch of k down weights
     allocated as charged, and the launches charged the ones counted."""
     from specterbench.catalog.tiny import routing_geometry_random
-    from specterbench.engine import packing
     from specterbench.engine.kernels import LaunchCounter
 
-    if not packing.int4_kernel_works("cpu", torch.float32):
+    if not lowbit_ops.int4_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int4 weight-only matmul")
     engine = Engine(routing_geometry_random(geometry, hidden=32), name=geometry)
     spec = QuantSpec(bits=4, blocksize=128, quantizer="int")
@@ -462,8 +456,8 @@ def test_the_draft_chunk_at_a_projection_counts_every_real_layer(stand_in, geome
 def test_four_bit_codes_unpack_by_mask_and_shift():
     """4-bit codes are nibbles (value 2i low, 2i + 1 high in byte i): unpacked with a mask, a shift and a stack — 3
     counted launches and no table — where the other widths gather from per-byte tables."""
+    from specterbench.engine.bitpack import pack_bits, unpack_bits, unpack_table_bytes
     from specterbench.engine.kernels import LaunchCounter
-    from specterbench.engine.packing import pack_bits, unpack_bits, unpack_table_bytes
 
     q = torch.randint(0, 16, (1000,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     packed = pack_bits(q, 4)
