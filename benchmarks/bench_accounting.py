@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specterbench.engine.cache import DeviceCache, Slot
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.geometry import geometry_preset
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_profile
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 

@@ -217,7 +217,7 @@ class _Resident:
 
 
 def configure(engine, strategy, budget_bytes: int) -> None:
-    from specterbench.engine.clocks import ModeledClock
+    from specterbench.engine.modeled_clock import ModeledClock
     from specterbench.engine.profiles import default_host_profile, default_profile
 
     engine.configure(strategy, budget_bytes, ModeledClock(default_profile(), engine.geometry,

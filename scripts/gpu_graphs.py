@@ -17,7 +17,7 @@ import torch
 
 
 def decode(engine, strategy_cls, profile, prompts, tokens, setting):
-    from specterbench.engine.clocks import ModeledClock
+    from specterbench.engine.modeled_clock import ModeledClock
     from specterbench.engine.profiles import default_host_profile
     from specterbench.strategy import Request
 

@@ -17,26 +17,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: modules another change is splitting and cleaning at the same time; they are held to the rules once it is merged
-BEING_SPLIT = frozenset({
-    "specterbench/engine/engine.py",
-    "specterbench/engine/draft.py",
-    "specterbench/engine/clocks.py",
-    "specterbench/engine/costs.py",
-    "specterbench/engine/packing.py",
-    "specterbench/bench/runner.py",
-    "specterbench/bench/nvml.py",
-    "specterbench/bench/published.py",
-    "specterbench/testing/conformance.py",
-    "specterbench/plugins/host.py",
-    "plugins/specter/specterbench_specter/specter.py",
-})
 
 #: (what is wrong, pattern) — each a sign of a history or a pointer that goes stale
 RULES = (
-    ("a date", re.compile(r"\b20\d\d-\d\d-\d\d\b")),
+    ("a date", re.compile(r"(?<!/)\b20\d\d-\d\d-\d\d\b")),  # a docs/measurements/ file's name passes
     ("an issue number", re.compile(r"\bissues?\s*#?\d+", re.IGNORECASE)),
-    ("a work session", re.compile(r"\bsessions?\b", re.IGNORECASE)),
+    ("a work session", re.compile(r"(?<!pytest )\bsessions?\b", re.IGNORECASE)),
     ("a work round", re.compile(r"\bthis round\b", re.IGNORECASE)),
     ("a README section (point to a docs/ page)", re.compile(r"(?<!/)(?<!make )\bREADME\b", re.IGNORECASE)),
 )
@@ -105,8 +91,6 @@ def test_comments_and_docstrings_say_why_not_when():
     problems = []
     for path in modules():
         name = path.relative_to(ROOT).as_posix()
-        if name in BEING_SPLIT:
-            continue
         for line, what, text in findings(path.read_text(encoding="utf-8")):
             problems.append(f"{name}:{line}: {what}: {text[:100]}")
     assert not problems, "\n".join(problems)

@@ -22,13 +22,13 @@ from specterbench.bench.failures import describe_failure, where
 from specterbench.bench.progress import CellProgress
 from specterbench.bench.resident import Reference, reference_strategy
 from specterbench.bench.workloads import load_workload
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.cuda_clock import CudaClock, HostPool
 from specterbench.engine.draft import drafts_allocated_bytes
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
 from specterbench.engine.host_clock import HostWallClock
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.numerics import NumericsGuide, margin_tolerance
 from specterbench.engine.precision import quantize_model
 from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError

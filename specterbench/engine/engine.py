@@ -22,7 +22,7 @@ from specterbench.engine.cache import DeviceCache
 from specterbench.engine.cell_setup import CellSetup
 from specterbench.engine.clocks import Clock
 from specterbench.engine.compat import cache_kwarg, check_transformers, transformers_version
-from specterbench.engine.costs import CostEstimates
+from specterbench.engine.estimates import CostEstimates
 from specterbench.engine.fused import fuse_rms_norms
 from specterbench.engine.geometry import Geometry, geometry_from_config
 from specterbench.engine.graphs import GraphController

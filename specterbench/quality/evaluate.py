@@ -38,7 +38,8 @@ from specterbench.quality.eval_rows import (
     ratio_stderr,
     rows_from_results,
 )
-from specterbench.quality.lmeval import SpecterbenchLM, load_engine
+from specterbench.quality.lmeval import SpecterbenchLM
+from specterbench.quality.scoring_engine import load_engine
 from specterbench.quality.tasks import SHIPPED_TASKS, SUITE, TASKS_DIR
 
 

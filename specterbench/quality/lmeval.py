@@ -41,20 +41,19 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry, register_model
 
 from specterbench.bench.budget import parse_budget
-from specterbench.bench.calibrate import check_device
 from specterbench.bench.config import BenchConfig
 from specterbench.bench.progress import is_quiet
 from specterbench.bench.resident import ReferenceStrategy
-from specterbench.bench.runner import Runner, make_clock
+from specterbench.bench.runner import make_clock
 from specterbench.engine.dense_copy import dense_spec, shared_dense
 from specterbench.engine.draft import QuantSpec, shared_quantized
 from specterbench.engine.engine import Engine
 from specterbench.engine.host_clock import HostWallClock
-from specterbench.engine.numerics import router_margin
 from specterbench.engine.quant_spec import draft_label
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.errors import BudgetError, UsageError
 from specterbench.plugins.host import get_host
+from specterbench.quality.scoring_engine import DEFAULT_PROFILE, RouterMarginProbe, calibrate, load_engine
 from specterbench.strategy import Request, RoutingCalibration
 
 log = logging.getLogger(__name__)
@@ -63,48 +62,8 @@ MODEL_TYPE = "specterbench"
 REFERENCE, DRAFT = "reference", "draft"
 DEFAULT_MODEL = "tiny-random-mixtral"
 DEFAULT_BUDGET = "50%"
-DEFAULT_PROFILE = "a100-40g-pcie4"
 DRAFT_OPTIONS = ("bits", "quant_type", "blocksize", "quantizer", "dense_bits")
 _LM_EVAL_INJECTED = ("trust_remote_code",)  # model_args lm-eval adds on its own
-
-
-def load_engine(model: str, device: str = "cpu", host=None) -> Engine:
-    """Load a registered model into an :class:`Engine` (experts moved to the host store); a device this machine
-    lacks is one line before anything loads."""
-
-    check_device(device)
-    host = host or get_host()
-    spec = host.models().get(model)
-    net, tokenizer = spec.load()
-    if tokenizer is None:
-        raise UsageError(f"model {model!r} has no tokenizer, which lm-eval needs to turn text into tokens")
-    return Engine(net, name=model, device=device, tokenizer=tokenizer)
-
-
-def calibrate(engine: Engine, host=None) -> RoutingCalibration:
-    """The calibration ``specterbench run`` gives profiling strategies (same workload, same resident passes).
-
-    Borrowed from :meth:`specterbench.bench.runner.Runner.calibrate` through a throw-away runner, so both stay one
-    definition.
-    """
-    import tempfile
-    from pathlib import Path
-
-    config = BenchConfig(models=(engine.name,), strategies=(), budgets=(), profile=DEFAULT_PROFILE)
-    with tempfile.TemporaryDirectory(prefix="specterbench-calibrate-") as tmp:
-        return Runner(host or get_host(), config, Path(tmp) / "run", env={}).calibrate(engine)
-
-
-class RouterMarginProbe(ReferenceStrategy):
-    """The reference, noting the smallest router top-k margin of every MoE layer it runs (``margin``, reset per
-    request by the caller): where it is a near-tie, a lossless strategy may route differently after any rounding."""
-
-    name = "reference"
-    version = "1"
-    margin = math.inf
-
-    def before_layer(self, layer, experts, tokens_per_expert):
-        self.margin = min(self.margin, router_margin(self.engine.routing.logits, self.engine.top_k))
 
 
 class SpecterbenchLM(TemplateLM):
@@ -402,7 +361,6 @@ class SpecterbenchLM(TemplateLM):
             self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
             out.append(text)
         return out
-
 
 
 def _register() -> None:

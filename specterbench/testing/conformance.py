@@ -71,7 +71,7 @@ def pytest_configure(config):
 
 
 class _Battery:
-    """Parametrizes this module's tests by the selected strategies (and families), once per session."""
+    """Parametrizes this module's tests by the selected strategies (and families), once per pytest session."""
 
     def __init__(self, host, names):
         self.host, self.names = host, names

@@ -3,7 +3,7 @@
 A :class:`Watch` instruments one configured strategy (the cache's ledger against the budget after every call into
 it, evictions of experts in use, the tokens of each request) and records violations instead of raising, so each
 test of :mod:`specterbench.testing.conformance` reports the rule it checks; a :class:`Lab` runs strategies through
-the real :class:`~specterbench.bench.runner.Runner` with one, and caches each run for the session, since several
+the real :class:`~specterbench.bench.runner.Runner` with one, and caches each run for the pytest session, since several
 rules read the same run.
 """
 
@@ -132,7 +132,7 @@ class Trial:
 
 
 class Lab:
-    """Runs strategies through the Runner with a :class:`Watch`; runs are cached for the session by their
+    """Runs strategies through the Runner with a :class:`Watch`; runs are cached for the pytest session by their
     arguments, so several tests read one run."""
 
     def __init__(self, host, root: Path):

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from specterbench import Request, Strategy
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.strategy import SUBSTITUTE
 

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 from specterbench import Strategy
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_profile
 from specterbench.engine.routing import group_tokens
 from specterbench.strategy import PrefetchResult

@@ -4,11 +4,12 @@ import inspect
 
 import pytest
 
-from specterbench.engine.clocks import Clock, ModeledClock
+from specterbench.engine.clocks import Clock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.cuda_clock import CudaClock
 from specterbench.engine.geometry import geometry_preset
 from specterbench.engine.host_clock import HostWallClock
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_profile
 
 MEMBERS = [n for n, v in vars(Clock).items() if not n.startswith("_") and (callable(v) or isinstance(v, property))]

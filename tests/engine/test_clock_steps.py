@@ -7,8 +7,8 @@ behind queues of very different lengths and after very different numbers of land
 
 import pytest
 
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.geometry import geometry_preset
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_profile
 from specterbench.engine.scheduler import CopyScheduler
 

@@ -5,9 +5,9 @@ import torch
 
 from specterbench import Strategy
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 

@@ -6,8 +6,8 @@ import pytest
 
 from specterbench.bench.checks import check_device_memory, kv_activation_bytes
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.errors import BudgetError
 from specterbench.strategy import Request

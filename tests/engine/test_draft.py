@@ -197,7 +197,7 @@ def test_the_int8_dense_copy_is_priced_as_the_int8_kernel_reading_its_stored_byt
 
     if not lowbit_ops.int8_kernel_works("cpu", torch.float32):
         pytest.skip("this torch has no CPU int8 weight-only matmul")
-    from specterbench.engine.clocks import ModeledClock
+    from specterbench.engine.modeled_clock import ModeledClock
     from specterbench.engine.profiles import default_host_profile, default_profile
     from specterbench.strategy import Strategy
 
@@ -276,8 +276,8 @@ def test_drafts_live_for_one_cell_and_are_freed_when_it_ends():
 
 
 def test_dense_copy_is_swapped_in_for_one_pass_and_priced_at_its_bits():
-    from specterbench.engine.clocks import ModeledClock
     from specterbench.engine.dense_copy import QuantizedDense, dense_spec
+    from specterbench.engine.modeled_clock import ModeledClock
     from specterbench.engine.profiles import default_host_profile, default_profile
     from specterbench.strategy import Strategy
 
@@ -338,8 +338,8 @@ def test_dense_copy_bytes_are_the_real_models_share_at_a_projection():
 
 
 def test_the_modeled_clock_prices_the_kernel_that_runs():
-    from specterbench.engine.clocks import ModeledClock
     from specterbench.engine.geometry import project
+    from specterbench.engine.modeled_clock import ModeledClock
     from specterbench.engine.profiles import default_host_profile, default_profile
     from specterbench.strategy import Strategy
 

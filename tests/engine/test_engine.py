@@ -5,8 +5,8 @@ import torch.nn.functional as F
 from specterbench import Request, Strategy
 from specterbench.baselines import LRU, OnDemand
 from specterbench.catalog.tiny import TINY_FAMILIES, tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_profile
 from specterbench.errors import BudgetError, EngineViolation, ModelError
 

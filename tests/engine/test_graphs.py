@@ -13,11 +13,11 @@ from specterbench.bench.budget import parse_budget
 from specterbench.bench.config import BenchConfig
 from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.engine import Engine
 from specterbench.engine.graphs import MAX_WIDTH, Replay, capturable_pieces
 from specterbench.engine.kernels import KernelCounts
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import ResultRow

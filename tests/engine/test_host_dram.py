@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.geometry import Geometry
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import HardwareProfile, HostProfile
 
 GEO = Geometry("g", hidden=8, expert_intermediate=8, num_experts=4, top_k=2, moe_layers=1, layers=1, heads=1,

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from specterbench import Strategy
 from specterbench.baselines import LRU
 from specterbench.catalog.tiny import ROUTING_GEOMETRIES, routing_geometry_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import QuantSpec, shared_quantized
 from specterbench.engine.engine import Engine
 from specterbench.engine.kernels import EXPERT_OP_LAUNCHES, HOST_READ_LAUNCHES, LaunchCounter
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.sampling import DecodeSetting
 

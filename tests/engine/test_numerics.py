@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.numerics import (
     NumericsGuide,
     classify_divergence,

@@ -10,9 +10,9 @@ import torch
 from specterbench import Strategy
 from specterbench.catalog.tiny import tiny_random
 from specterbench.engine import residency
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
 from specterbench.engine.kernels import LaunchCounter
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.packing import PackedWeight
 from specterbench.engine.precision import Precision, quantize_model
 from specterbench.engine.profiles import default_host_profile, default_profile

@@ -16,10 +16,10 @@ from specterbench import Request
 from specterbench.baselines import LRU
 from specterbench.catalog.tiny import tiny_random
 from specterbench.cli import main
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import geometry_preset
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.errors import UsageError
 
 

@@ -1,7 +1,7 @@
 import pytest
 
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.geometry import Geometry
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import HardwareProfile
 from specterbench.errors import UsageError
 

@@ -11,9 +11,9 @@ import torch
 from cli_errors import one_line  # noqa: E402
 
 from specterbench.cli import main
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.geometry import Geometry, geometry_preset
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import PROFILE_FILES_DIR, HardwareProfile, HostProfile, load_profile_file
 from specterbench.errors import UsageError
 

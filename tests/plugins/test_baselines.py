@@ -7,10 +7,10 @@ from specterbench.bench.budget import parse_budget
 from specterbench.bench.config import BenchConfig
 from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.costs import HostOp
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import HostProfile, default_host_profile, default_profile
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import UsageError

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from specterbench import Strategy
-from specterbench.engine.costs import CostEstimates
 from specterbench.engine.engine import Engine
+from specterbench.engine.estimates import CostEstimates
 from specterbench.plugins import hookspecs
 from specterbench.testing import conformance
 from specterbench.testing.lab import Lab

@@ -4,9 +4,9 @@ import pytest
 
 from specterbench.baselines.cpu_experts import CpuExperts
 from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.errors import UsageError
 from specterbench.strategy import FETCH, ON_HOST

@@ -14,7 +14,8 @@ from lm_eval.api.instance import Instance  # noqa: E402
 
 from specterbench.catalog.tiny import tiny_random  # noqa: E402
 from specterbench.errors import UsageError  # noqa: E402
-from specterbench.quality.lmeval import SpecterbenchLM, load_engine  # noqa: E402
+from specterbench.quality.lmeval import SpecterbenchLM  # noqa: E402
+from specterbench.quality.scoring_engine import load_engine  # noqa: E402
 from specterbench.quality.tasks import TASKS_DIR  # noqa: E402
 
 CONTEXT = "BRUTUS.\nKneel not,"

@@ -7,10 +7,10 @@ from specterbench.bench.budget import parse_budget
 from specterbench.bench.config import BenchConfig
 from specterbench.bench.runner import Runner
 from specterbench.catalog.tiny import TINY_FAMILIES, tiny_random
-from specterbench.engine.clocks import ModeledClock
 from specterbench.engine.draft import quantized_bytes
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
+from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.errors import BudgetError, UsageError
