@@ -32,6 +32,11 @@ def cmd_plugins(args) -> int:
             print(f"  {r['kind']} {r['name']}  [{r['plugin']}: {r['class']}]")
             for problem in r["problems"]:
                 print(f"      {problem}")
+    if data["contested"]:
+        print("registered by two or more plugins (neither runs under the bare name; pick one as plugin:name):")
+        for c in data["contested"]:
+            owners = ", ".join(f"{o['plugin']} ({o['distribution']} {o['version']})" for o in c["owners"])
+            print(f"  {c['kind']} {c['name']}: {owners}")
     if data["not_loaded"]:
         print("installed, not loaded:")
         for p in data["not_loaded"]:
@@ -43,9 +48,6 @@ def add_parser(sub) -> None:
     s = sub.add_parser("list", help="strategies, models and profiles, with the plugin each comes from")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_list)
-
-
-    """Add ``plugins`` to the CLI's subcommands (``subparsers`` from ``ArgumentParser.add_subparsers``)."""
     s = sub.add_parser("plugins", help="installed plugins: distribution, version, source and the hooks each "
                                               "implements")
     s.add_argument("--json", action="store_true")

@@ -175,9 +175,9 @@ class PluginHost:
 
     # ---- registries --------------------------------------------------------------------------------
     def _registry(self, kind: str, hook_name: str, key, check=lambda obj, info: []) -> Registry:
-        """The registry of one kind, built once: each plugin's registrations, built-ins first (a third-party name
-        that clashes with a built-in is the one left out). Whatever a plugin registers wrongly is left out with one
-        warning line per problem; everything else it registers, and every other plugin, stays."""
+        """The registry of one kind, built once: each plugin's registrations, built-ins first. A name two plugins
+        register answers to neither until the user picks one (``plugin:name``). Whatever a plugin registers wrongly
+        is left out with one warning line per problem; everything else it registers, and every other plugin, stays."""
         if kind not in self._registries:
             reg = Registry(kind, tuple(self.failed))
 

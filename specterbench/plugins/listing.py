@@ -1,6 +1,7 @@
 """``specterbench plugins [--json]``: every plugin loaded, where it comes from, the hooks it implements and what it
 registered; plugins that failed to import or register, with the error; what plugins registered that was refused
-(a misspelled decision point, a taken name), with every problem; installed entry points that were not
+(a misspelled decision point, a name registered twice by one plugin), with every problem; names two plugins
+registered, with both; installed entry points that were not
 loaded, and why (blocked, autoload disabled, name taken)."""
 
 from __future__ import annotations
@@ -56,5 +57,12 @@ def describe(host: PluginHost) -> dict:
                            "version": ep.dist.version if ep.dist else "?", "reason": reason})
     refused = [{"plugin": r.plugin.name, "kind": r.kind, "name": r.name, "class": r.owner,
                 "distribution": r.plugin.distribution, "problems": list(r.problems)} for r in host.refusals()]
+    contested = []
+    for _, method in REGISTRIES:
+        registry = getattr(host, method)()
+        for name in registry.contested():
+            contested.append({"kind": registry.kind, "name": name, "owners": [
+                {"plugin": c.plugin.name, "distribution": c.plugin.distribution, "version": c.plugin.version}
+                for c in registry.claims[name]]})
     return {"autoload": autoload, "blocked": blocked, "plugins": plugins, "failed": failed, "refused": refused,
-            "not_loaded": not_loaded}
+            "contested": contested, "not_loaded": not_loaded}

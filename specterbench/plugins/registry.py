@@ -1,9 +1,12 @@
 """The registries of the plugin host: named strategies, models and profiles, each with the plugin it came from.
 
-A name registered twice, or refused at registration (:class:`Refusal`), stays out with one warning line per problem
-while everything else loads, and a lookup that misses says why in one line — the name was refused, a plugin failed
-to load, or a close spelling exists (:func:`closest`) — so a broken third-party plugin never stops an unrelated
-command. The host that fills the registries is :mod:`specterbench.plugins.host`.
+Something refused at registration (:class:`Refusal`) stays out with one warning line per problem while everything
+else loads, and a lookup that misses says why in one line — the name was refused, a plugin failed to load, or a
+close spelling exists (:func:`closest`) — so a broken third-party plugin never stops an unrelated command.
+
+One owner per name: when two plugins register one name, neither answers to it (not even a built-in) until the user
+picks one as ``plugin:name`` (the plugin's entry-point or distribution name) or blocks the other; the warning and the
+refusal both name the two distributions. The host that fills the registries is :mod:`specterbench.plugins.host`.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ class Registry:
 
     def __init__(self, kind: str, failed: tuple[str, ...] = ()):
         self.kind = kind
-        self.items: dict[str, Registered] = {}
+        self.items: dict[str, Registered] = {}  # names with one owner
+        self.claims: dict[str, list[Registered]] = {}  # every plugin's registration, by name (two or more: contested)
         self.failed = failed  # plugins left out (failed to import or register): named when a lookup misses
         self.refused: dict[str, Refusal] = {}  # left out at registration, by the name asked for
 
@@ -76,33 +80,77 @@ class Registry:
     def add(self, name: str, obj: Any, plugin: PluginInfo) -> None:
         if not name:
             raise PluginError(f"plugin {plugin.name!r} registered a {self.kind} without a name")
-        if name in self.items:
-            first = self.items[name].plugin.name
-            raise PluginError(f"plugin {plugin.name!r}: {owner_name(obj)} registers {self.kind} {name!r}, which plugin "
-                              f"{first!r} registered first (a name registered twice); give it another name")
-        self.items[name] = Registered(name, obj, plugin)
+        if ":" in name:
+            raise PluginError(f"plugin {plugin.name!r}: {self.kind} name {name!r} contains ':', which separates "
+                              f"plugin:name; give it a name without one")
+        claims = self.claims.setdefault(name, [])
+        if any(c.plugin.name == plugin.name for c in claims):
+            raise PluginError(f"plugin {plugin.name!r}: {owner_name(obj)} registers {self.kind} {name!r} a second "
+                              f"time; give it another name")
+        claims.append(Registered(name, obj, plugin))
+        if len(claims) == 1:
+            self.items[name] = claims[0]
+            return
+        self.items.pop(name, None)
+        warn(f"{self.contested_line(name)}; neither runs as {name!r} until you pick one: "
+             f"{' or '.join(repr(q) for q in self.qualified(name))}, or block one ({BLOCK_ENV}=PLUGIN)")
+
+    def qualified(self, name: str) -> list[str]:
+        """``plugin:name`` of every claimant of ``name``."""
+        return [f"{c.plugin.name}:{name}" for c in self.claims.get(name, [])]
+
+    def contested_line(self, name: str) -> str:
+        owners = " and ".join(f"plugin {c.plugin.name!r} ({origin(c.plugin)})" for c in self.claims[name])
+        return f"{self.kind} {name!r} is registered by {owners}"
+
+    def contested(self) -> list[str]:
+        """Names two or more plugins registered."""
+        return sorted(n for n, c in self.claims.items() if len(c) > 1)
 
     def names(self) -> list[str]:
-        return sorted(self.items)
+        """Every name that runs as it is: one owner's names, and ``plugin:name`` for each claimant of a contested
+        one."""
+        return sorted([*self.items, *(q for n in self.contested() for q in self.qualified(n))])
 
     def get(self, name: str) -> Any:
         return self.entry(name).obj
 
     def entry(self, name: str) -> Registered:
-        try:
+        if name in self.items:
             return self.items[name]
-        except KeyError:
-            refused = self.refused.get(name)
-            if refused is not None:
-                raise UsageError(f"{self.kind} {name!r} ({refused.owner}, plugin {refused.plugin.name!r}) was refused "
-                                 f"at registration: {refused.problems[0]}; fix the plugin, or choose another "
-                                 f"{self.kind} (see `specterbench plugins`)") from None
-            close = closest(name, self.names())
-            hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-            failed = (f"; plugin(s) {', '.join(map(repr, self.failed))} failed to load (see `specterbench plugins`)"
-                      if self.failed else "")
-            raise UsageError(f"unknown {self.kind} {name!r}; {hint}available: {', '.join(self.names())}"
-                             f"{failed}") from None
+        if len(self.claims.get(name, ())) > 1:
+            raise UsageError(f"{self.contested_line(name)}; pick one: "
+                             f"{' or '.join(repr(q) for q in self.qualified(name))} (or block the other with "
+                             f"{BLOCK_ENV}=PLUGIN)")
+        if ":" in name:
+            return self._qualified_entry(name)
+        refused = self.refused.get(name)
+        if refused is not None:
+            raise UsageError(f"{self.kind} {name!r} ({refused.owner}, plugin {refused.plugin.name!r}) was refused "
+                             f"at registration: {refused.problems[0]}; fix the plugin, or choose another "
+                             f"{self.kind} (see `specterbench plugins`)")
+        close = closest(name, self.names())
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        failed = (f"; plugin(s) {', '.join(map(repr, self.failed))} failed to load (see `specterbench plugins`)"
+                  if self.failed else "")
+        raise UsageError(f"unknown {self.kind} {name!r}; {hint}available: {', '.join(self.names())}{failed}")
+
+    def _qualified_entry(self, qualified: str) -> Registered:
+        """``plugin:name``: the registration of ``name`` by the plugin whose entry-point or distribution name is
+        ``plugin``."""
+        plugin, name = qualified.split(":", 1)
+        def norm(text: str) -> str:
+            return text.replace("_", "-").lower()
+
+        for claim in self.claims.get(name, []):
+            if norm(plugin) in (norm(claim.plugin.name), norm(claim.plugin.distribution)):
+                return claim
+        owners = ", ".join(f"{c.plugin.name!r} ({c.plugin.distribution})" for c in self.claims.get(name, []))
+        if owners:
+            raise UsageError(f"{qualified!r}: plugin {plugin!r} does not register {self.kind} {name!r}; "
+                             f"registered by {owners}")
+        raise UsageError(f"{qualified!r}: no plugin registers {self.kind} {name!r}; "
+                         f"available: {', '.join(self.names())}")
 
 
 def closest(name: str, choices, n: int = 3) -> list[str]:
@@ -123,6 +171,13 @@ def note(message: str) -> None:
 def warn(message: str) -> None:
     """A one-line warning on stderr (not :mod:`warnings`: users should see it once, without a source line)."""
     print(f"specterbench: warning: {message}", file=sys.stderr, flush=True)
+
+
+def origin(info: PluginInfo) -> str:
+    """Where a plugin comes from, for messages: its distribution and version, or how it was registered in-process."""
+    if info.version in ("", "-"):
+        return info.distribution.strip("()")
+    return f"{info.distribution} {info.version}"
 
 
 def owner_name(obj) -> str:

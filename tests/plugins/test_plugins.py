@@ -105,21 +105,6 @@ def test_a_misspelled_hook_fails_loudly(host):
         host.register(Typo(), "typo")
 
 
-def test_a_duplicate_strategy_name_names_both_plugins_and_keeps_the_first(host, capsys):
-    class Dup(Strategy):
-        name = "lru"
-        version = "1"
-
-    class P:
-        @hookimpl
-        def specterbench_register_strategies(self, register):
-            register(Dup)
-
-    host.register(P(), "dup-plugin")
-    assert host.strategies().entry("lru").plugin.name == "baselines"
-    assert "plugin 'dup-plugin': Dup registers strategy 'lru', which plugin 'baselines'" in capsys.readouterr().err
-
-
 def test_unknown_names_suggest_the_closest(host):
     with pytest.raises(UsageError, match="did you mean 'lru'"):
         host.strategies().get("lur")
