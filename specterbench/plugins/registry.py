@@ -80,9 +80,6 @@ class Registry:
     def add(self, name: str, obj: Any, plugin: PluginInfo) -> None:
         if not name:
             raise PluginError(f"plugin {plugin.name!r} registered a {self.kind} without a name")
-        if ":" in name:
-            raise PluginError(f"plugin {plugin.name!r}: {self.kind} name {name!r} contains ':', which separates "
-                              f"plugin:name; give it a name without one")
         claims = self.claims.setdefault(name, [])
         if any(c.plugin.name == plugin.name for c in claims):
             raise PluginError(f"plugin {plugin.name!r}: {owner_name(obj)} registers {self.kind} {name!r} a second "
@@ -93,7 +90,8 @@ class Registry:
             return
         self.items.pop(name, None)
         warn(f"{self.contested_line(name)}; neither runs as {name!r} until you pick one: "
-             f"{' or '.join(repr(q) for q in self.qualified(name))}, or block one ({BLOCK_ENV}=PLUGIN)")
+             f"{' or '.join(repr(q) for q in self.qualified(name))}, or block one "
+             f"({' or '.join(f'{BLOCK_ENV}={c.plugin.name}' for c in claims)})")
 
     def qualified(self, name: str) -> list[str]:
         """``plugin:name`` of every claimant of ``name``."""
@@ -121,7 +119,7 @@ class Registry:
         if len(self.claims.get(name, ())) > 1:
             raise UsageError(f"{self.contested_line(name)}; pick one: "
                              f"{' or '.join(repr(q) for q in self.qualified(name))} (or block the other with "
-                             f"{BLOCK_ENV}=PLUGIN)")
+                             f"{' or '.join(f'{BLOCK_ENV}={c.plugin.name}' for c in self.claims[name])})")
         if ":" in name:
             return self._qualified_entry(name)
         refused = self.refused.get(name)

@@ -524,7 +524,7 @@ def test_plugins_lists_a_plugin_that_failed(cli, tmp_path, monkeypatch):
 
 
 def test_blocking_a_plugin_that_does_not_exist_warns(cli, monkeypatch):
-    monkeypatch.setenv(BLOCK_ENV, "nosuch")
+    monkeypatch.setenv(BLOCK_ENV, ",".join(filter(None, [os.environ.get(BLOCK_ENV), "nosuch"])))
     code, out, err = cli("list")
     assert code == 0 and "lru" in out
     (line,) = warning_lines(err)

@@ -79,7 +79,7 @@ def test_disabling_autoload_keeps_builtins_and_drops_third_party(host, thirdpart
 
 
 def test_blocked_plugins_are_not_loaded(host, thirdparty, monkeypatch):
-    monkeypatch.setenv(BLOCK_ENV, "lfu,baselines,specter")
+    monkeypatch.setenv(BLOCK_ENV, ",".join(filter(None, [os.environ.get(BLOCK_ENV), "lfu,baselines,specter"])))
     assert host.strategies().names() == []
     assert "lfu" not in host.plugins
 

@@ -18,6 +18,7 @@ from specterbench.bench.runner import Runner
 from specterbench.engine.routing import RouterGuess
 from specterbench.engine.sampling import GREEDY, DecodeSetting
 from specterbench.plugins.checks import check_strategy
+from specterbench.plugins.registry import BLOCK_ENV
 from specterbench.testing import conformance
 from specterbench.testing.lab import Lab
 
@@ -48,8 +49,15 @@ def installed(tmp_path_factory):
 
     paths = fake_install(tmp_path_factory.mktemp("site"))
     sys.path[:0] = paths
+    blocked = os.environ.get(BLOCK_ENV)  # the suite blocks plugins it did not install (tests/conftest.py)
+    if blocked is not None:
+        ours = {ep for folder in EXAMPLES.values() for ep in tomllib.loads(
+            (ROOT / "examples" / folder / "pyproject.toml").read_text())["project"]["entry-points"]["specterbench"]}
+        os.environ[BLOCK_ENV] = ",".join(b for b in blocked.split(",") if b.strip() not in ours)
     reset_host()
     yield PluginHost(), paths
+    if blocked is not None:
+        os.environ[BLOCK_ENV] = blocked
     del sys.path[:len(paths)]
     for name in [m for m in sys.modules if m.startswith(("specterbench_example_arc", "specterbench_router_prefetch",
                                                           "specterbench_draft_verify"))]:
