@@ -1,6 +1,5 @@
-from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import UsageError
-from specterbench.strategy import FETCH, ON_HOST
+from specterbench.strategy import ON_HOST
 
 from .options import flag
 from .static import StaticPlacement
@@ -72,21 +71,13 @@ class CpuExperts(StaticPlacement):
         engine.host_threads = wanted
         self.host_calls = self.fetch_calls = 0
 
-    def host_seconds(self, n_tokens):
-        """Until the host would hand back ``n_tokens`` through one expert (activations both ways included)."""
-        c = self.engine.costs
-        return c.host_expert_s(n_tokens) + (c.host_backlog_s() if self.rule == "balanced" else 0.0)
-
-    def fetch_seconds(self, n_tokens):
-        """Until the expert would be copied in, behind what the link serves first, and computed."""
-        c = self.engine.costs
-        return c.copy_arrival_s(DEMAND_PRIORITY if self.rule == "balanced" else None) + c.expert_in_layer_s(n_tokens)
-
     def place_miss(self, key, n_tokens):
         if self.engine.clock.costs.host is None:
             place = ON_HOST  # measured without a host profile: the host really computes; always use it
-        else:
-            place = ON_HOST if self.host_seconds(n_tokens) <= self.fetch_seconds(n_tokens) else FETCH
+        elif self.rule == "balanced":
+            place = self.engine.costs.host_or_fetch(n_tokens).place
+        else:  # Fiddler's: an idle host against the copy behind everything the link carries
+            place = self.engine.costs.host_or_fetch(n_tokens, host_queue_s=0.0, priority=None).place
         if place == ON_HOST:
             self.host_calls += 1
         else:

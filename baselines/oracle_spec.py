@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import torch
 
-from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import EngineViolation
 from specterbench.strategy import FETCH, ON_HOST
 
@@ -96,18 +95,15 @@ class OracleSpec(Oracle):
             key = (layer, expert)
             if key not in e.cache or e.landed(key):
                 continue
-            host = host_s + c.host_expert_s(n)
-            if host < c.copy_arrival_s(DEMAND_PRIORITY) + c.expert_in_layer_s(n) and e.cancel(key):
+            choice = c.host_or_fetch(n, host_queue_s=host_s)
+            if choice.place == ON_HOST and e.cancel(key):
                 self.dropped += 1
-                host_s = host
+                host_s = choice.host_s
 
     def place_miss(self, key, n_tokens):
         if not self.host_path:
             return FETCH
-        c = self.engine.costs
-        host = c.host_backlog_s() + c.host_expert_s(n_tokens)
-        fetch = c.copy_arrival_s(DEMAND_PRIORITY) + c.expert_in_layer_s(n_tokens)
-        if host < fetch:
+        if self.engine.costs.host_or_fetch(n_tokens).place == ON_HOST:
             self.host_calls += 1
             return ON_HOST
         self.fetch_calls += 1

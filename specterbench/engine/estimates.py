@@ -29,6 +29,9 @@ call                                   meaning
 ``copy_arrival_s(priority=None)``      ``link_backlog_s(priority) + copy_s()``: until a copy issued now *lands*
 ``host_backlog_s()``                   until the host finishes the experts it has been given (the misses of the
                                        layer being placed included)
+``host_or_fetch(n_tokens)``            the hybrid rule: ``ON_HOST`` when the host, behind its queue, hands the expert
+                                       back before a demand copy issued now lands and computes, else ``FETCH``;
+                                       both times beside it (``host_queue_s=``, ``priority=`` vary the two queues)
 ``until_layer_s(layer)``               until the experts of MoE ``layer`` of the current forward are needed,
                                        assuming every expert in between hits (the layer itself included when it
                                        is the current one: 0.0); a ``layer`` already passed means the next forward
@@ -40,13 +43,23 @@ call                                   meaning
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
+from specterbench.engine.cache import FETCH, ON_HOST
 from specterbench.engine.costs import CostModel
 from specterbench.engine.lowbit import LowBitKernel
+from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 if TYPE_CHECKING:  # pragma: no cover
     from specterbench.engine.engine import Engine
+
+
+class HostOrFetch(NamedTuple):
+    """:meth:`CostEstimates.host_or_fetch`'s answer: the placement that finishes first, and both finish times (s)."""
+
+    place: str  # ON_HOST or FETCH
+    host_s: float
+    fetch_s: float
 
 
 class CostEstimates:
@@ -109,6 +122,16 @@ class CostEstimates:
         hop = m.hop_seconds(op.act_bytes)
         busy = max(0.0, e.clock.link_backlog_s() - self.host_backlog_s() - hop)
         return 2 * hop + m.host_seconds_shared(op, e.host_threads, busy)
+
+    def host_or_fetch(self, n_tokens: int, host_queue_s: float | None = None,
+                      priority: float | None = DEMAND_PRIORITY) -> HostOrFetch:
+        """Where a missing expert over ``n_tokens`` is done first: on the host, behind ``host_queue_s`` (default:
+        the host's backlog now), or copied in by a copy issued now at ``priority`` (``None``: behind every queued
+        copy) and computed in its layer's op. The one rule every hybrid strategy places and drops copies by."""
+        queue = self.host_backlog_s() if host_queue_s is None else host_queue_s
+        host = queue + self.host_expert_s(n_tokens)
+        fetch = self.copy_arrival_s(priority) + self.expert_in_layer_s(n_tokens)
+        return HostOrFetch(ON_HOST if host < fetch else FETCH, host, fetch)
 
     def link_backlog_s(self, priority: float | None = None) -> float:
         return self._engine.clock.link_backlog_s(priority)

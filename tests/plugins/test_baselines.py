@@ -65,7 +65,8 @@ def test_cpu_or_fetch_follows_the_latency_model(engine):
     configure(engine, strategy, slots=4)
     # one token: the host streams 352 MB-per-real-expert weights at 70 GB/s (≈ 80 ms for 16 layers' worth),
     # the link needs ≈ 225 ms for the same bytes at 25 GB/s: the host wins
-    assert strategy.host_seconds(1) < strategy.fetch_seconds(1)
+    choice = engine.costs.host_or_fetch(1)
+    assert choice.host_s < choice.fetch_s and choice.place == ON_HOST
     assert strategy.place_miss((0, 3), 1) == ON_HOST
     # a prefill of 8k tokens makes the host compute-bound at 2 TFLOP/s: fetching is cheaper
     assert strategy.place_miss((0, 3), 8192) == FETCH

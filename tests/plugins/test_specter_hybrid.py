@@ -49,14 +49,14 @@ def test_fiddler_rule_ignores_the_host_queue(engine):
 
 
 def test_balanced_does_not_count_prefetches_a_demand_copy_overtakes(engine):
-    balanced, fiddler = CpuExperts(), CpuExperts(rule="fiddler")
-    configure(engine, balanced)
-    fiddler.engine = engine
+    configure(engine, CpuExperts())
     for i in range(8):
         engine.clock.issue(("busy", i), 10**9, 0)  # low-priority prefetches: a demand copy goes first
     one_copy = engine.costs.copy_s() + 10**9 / engine.clock.costs.profile.link_bytes_per_s
-    assert balanced.fetch_seconds(1) < one_copy + engine.costs.copy_s() + 1e-3  # only the copy on the link
-    assert fiddler.fetch_seconds(1) > 7 * 10**9 / engine.clock.costs.profile.link_bytes_per_s
+    balanced = engine.costs.host_or_fetch(1)  # what rule=balanced asks
+    fiddler = engine.costs.host_or_fetch(1, host_queue_s=0.0, priority=None)  # what rule=fiddler asks
+    assert balanced.fetch_s < one_copy + engine.costs.copy_s() + 1e-3  # only the copy on the link
+    assert fiddler.fetch_s > 7 * 10**9 / engine.clock.costs.profile.link_bytes_per_s
 
 
 def test_unknown_rule_is_named():

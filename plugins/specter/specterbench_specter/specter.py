@@ -25,7 +25,6 @@ import heapq
 import statistics
 
 from specterbench.engine.quant_spec import QuantSpec
-from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import UsageError
 from specterbench.strategy import FETCH, ON_HOST
 
@@ -252,11 +251,11 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
             key = (layer, expert)
             if key not in self.planner.issued or e.landed(key):
                 continue
-            host = host_s + c.host_expert_s(n)
-            if host < c.copy_arrival_s(DEMAND_PRIORITY) + c.expert_in_layer_s(n) and e.cancel(key):
+            choice = c.host_or_fetch(n, host_queue_s=host_s)
+            if choice.place == ON_HOST and e.cancel(key):
                 self.planner.issued.discard(key)
                 self.dropped_copies += 1
-                host_s = host
+                host_s = choice.host_s
 
     dropped_copies = 0
 
@@ -269,10 +268,7 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         """Hybrid verification: the host when it is predicted to finish first, its own queue counted."""
         if not self.host_path:
             return FETCH
-        c = self.engine.costs
-        host = c.host_backlog_s() + c.host_expert_s(n_tokens)
-        fetch = c.copy_arrival_s(DEMAND_PRIORITY) + c.expert_in_layer_s(n_tokens)
-        if host < fetch:
+        if self.engine.costs.host_or_fetch(n_tokens).place == ON_HOST:
             self.host_calls += 1
             return ON_HOST
         self.fetch_calls += 1
