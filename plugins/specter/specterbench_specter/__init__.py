@@ -1,16 +1,18 @@
 """Specter, its reproduction and its baselines, registered with specterbench through the ``specterbench``
 entry-point group: ``specter`` (full strength), ``specter-artifact`` (the published artifact), ``specmoeoff``
 (the artifact's second baseline), ``spec-decode`` (an ablation: no plan, LRU cache, no host path) and ``spec-host``
-(the ablation that isolates the lookahead: Specter without its prefetch plan)."""
+(the ablation that isolates the lookahead: Specter without its prefetch plan) and ``spec-ngram`` (draft-free
+speculation by prompt / n-gram lookup)."""
 
 from specterbench import hookimpl
 
-from .decoding import accepted_prefix
+from .acceptance import accepted_prefix
+from .lookup import SpecNgram
 from .specter import SpecHost, Specter
 from .strategies import SpecDecode, SpecMoEOff, SpecterArtifact
 
 __version__ = "0.1.0"
-__all__ = ["Specter", "SpecHost", "SpecterArtifact", "SpecMoEOff", "SpecDecode", "accepted_prefix"]
+__all__ = ["Specter", "SpecHost", "SpecNgram", "SpecterArtifact", "SpecMoEOff", "SpecDecode", "accepted_prefix"]
 
 
 @hookimpl
@@ -20,3 +22,4 @@ def specterbench_register_strategies(register):
     register(SpecMoEOff)
     register(SpecDecode)
     register(SpecHost)
+    register(SpecNgram)

@@ -30,6 +30,8 @@ from specterbench.engine.precision import check_draft_below
 from specterbench.engine.quant_spec import QuantSpec, draft_label
 from specterbench.errors import BudgetError, UsageError
 
+from .acceptance import acceptance_by_position, accepted_prefix, per_token_acceptance
+
 MAX_K = 32
 
 
@@ -47,37 +49,6 @@ def parse_k(value, allowed: tuple[int, ...] | None = None, auto: bool = True):
     if (k not in allowed) if allowed else not 1 <= k <= MAX_K:
         raise UsageError(f"option k={k} is out of range: use {choices}")
     return k
-
-
-def accepted_prefix(proposals: list[int], target: list[int]) -> int:
-    """How many proposals the target accepts: the longest prefix equal to its own tokens.
-
-    ``target[i]`` is the target's token after the last accepted one and ``proposals[:i]``; so
-    ``len(target) == len(proposals) + 1`` and the window emits ``proposals[:a] + [target[a]]``.
-    """
-    a = 0
-    while a < len(proposals) and proposals[a] == target[a]:
-        a += 1
-    return a
-
-
-def acceptance_by_position(ks: list[int], accepted: list[int]) -> dict[str, float]:
-    """Per drafted position i (1-based): of the windows that drafted at least i tokens and accepted the first
-    i − 1, the share that accepted the i-th — the per-token acceptance as it varies along the window."""
-    out = {}
-    for i in range(1, max(ks, default=0) + 1):
-        reached = sum(1 for k, a in zip(ks, accepted) if k >= i and a >= i - 1)
-        if reached:
-            out[str(i)] = sum(1 for k, a in zip(ks, accepted) if k >= i and a >= i) / reached
-    return out
-
-
-def per_token_acceptance(ks: list[int], accepted: list[int]) -> float | None:
-    """Accepted drafts over drafted positions reached (accepted + one rejection per window that stopped early):
-    the per-token acceptance α of a draft whose tokens are accepted independently, whatever the windows' K."""
-    rejected = sum(1 for k, a in zip(ks, accepted) if a < k)
-    total = sum(accepted) + rejected
-    return sum(accepted) / total if total else None
 
 
 class SpeculativeDecoding(Strategy):
@@ -211,13 +182,17 @@ class SpeculativeDecoding(Strategy):
         return self.engine.precision.dense_ratio if self.dense is None else self.dense.bytes_ratio
 
     def attach(self, engine):
-        check_draft_below(engine.precision, self.spec, self.name)
         super().attach(engine)
-        self.draft = shared_quantized(engine, self.spec)
-        self.dense = shared_dense(engine, self.dense_spec)
+        self.attach_draft(engine)
         self.slots = engine.cache.capacity_bytes // engine.expert_bytes
         self.reset_metrics()
         self.begin_window(0)
+
+    def attach_draft(self, engine) -> None:
+        """The self-draft's copies: the target's routed experts quantized, and its dense copy if it has one."""
+        check_draft_below(engine.precision, self.spec, self.name)
+        self.draft = shared_quantized(engine, self.spec)
+        self.dense = shared_dense(engine, self.dense_spec)
 
     def prepare(self, engine, calibration=None):
         if self.k_option == "auto" and calibration is not None:
@@ -266,7 +241,7 @@ class SpeculativeDecoding(Strategy):
         self.request_id = request.id
         sampler = request.sampler()
         n_new = request.max_new_tokens
-        seq = list(request.prompt_ids)  # seq[i] sits at absolute position i
+        seq = self.seq = list(request.prompt_ids)  # seq[i] sits at absolute position i (choose_k may read it)
         kv = engine.new_kv_cache()  # holds every position but the last of seq between windows
         t0 = engine.clock.now()
         logits = engine.forward(torch.tensor([seq]), kv)
@@ -294,17 +269,8 @@ class SpeculativeDecoding(Strategy):
 
     def _window(self, engine, sampler, seq, kv, k) -> list[int]:
         kept = kv.get_seq_length()  # == len(seq) - 1
-        proposals, last = [], seq[-1]
         d0 = engine.clock.now()
-        for step in range(k):
-            self.draft.routing.clear()
-            t_step = engine.clock.now()
-            dl = engine.forward(torch.tensor([[last]]), kv, experts=self.draft, dense=self.dense)
-            last = sampler.pick(dl[-1], len(seq) + step)
-            if self.draft_noise:
-                last = self.corrupt(last, len(seq) + step, dl.shape[-1])
-            proposals.append(last)
-            self.after_draft_step(step, self.draft.routing, engine.clock.now() - t_step)
+        proposals = self.propose(engine, sampler, seq, kv, k)
         self.draft_s += engine.clock.now() - d0
         engine.rollback(kv, kept)  # the draft's KV entries go; the target writes its own
         self.before_verify()
@@ -318,6 +284,21 @@ class SpeculativeDecoding(Strategy):
         self.accepted_lengths.append(a)
         self.window_ks.append(k)
         return proposals[:a] + [target[a]]
+
+    def propose(self, engine, sampler, seq, kv, k) -> list[int]:
+        """K proposals after ``seq``: the self-draft's own tokens, one draft forward each over the shared KV cache
+        (entries the caller drops before verifying)."""
+        proposals, last = [], seq[-1]
+        for step in range(k):
+            self.draft.routing.clear()
+            t_step = engine.clock.now()
+            dl = engine.forward(torch.tensor([[last]]), kv, experts=self.draft, dense=self.dense)
+            last = sampler.pick(dl[-1], len(seq) + step)
+            if self.draft_noise:
+                last = self.corrupt(last, len(seq) + step, dl.shape[-1])
+            proposals.append(last)
+            self.after_draft_step(step, self.draft.routing, engine.clock.now() - t_step)
+        return proposals
 
     def corrupt(self, token: int, position: int, vocab: int) -> int:
         """With probability ``draft_noise`` (drawn from (request, position), so every run draws the same), another
@@ -349,13 +330,13 @@ class SpeculativeDecoding(Strategy):
         if self.verifying:
             self.window_target[layer] = set(experts)
 
-    def predicted(self) -> dict[int, set]:
-        """Per layer, the experts this strategy bet the verification would need."""
+    def predicted(self) -> dict[int, set] | None:
+        """Per layer, the experts this strategy bet the verification would need (None: it bets on none)."""
         return {layer: set(c) for layer, c in self.window_draft.items()}
 
     def end_window(self, k, emitted, window_s):
-        if k:
-            pred = self.predicted()
+        pred = self.predicted() if k else None
+        if pred is not None:  # None: a strategy that bets on no experts (no recall or precision to report)
             hit = sum(len(pred.get(l, set()) & t) for l, t in self.window_target.items())
             need = sum(len(t) for t in self.window_target.values())
             bet = sum(len(p) for p in pred.values())
@@ -365,17 +346,23 @@ class SpeculativeDecoding(Strategy):
                 self.precisions.append(hit / bet)
         self.verifying = False
 
-    def metrics(self):
-        lengths = self.accepted_lengths
-        m = {
-            "k": self.k,
-            "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
+    def draft_metrics(self) -> dict:
+        """What the row says of the draft itself."""
+        return {
             "draft_quant": draft_label(self.draft.spec, self.dense_spec,  # the calibration the copies took
                                        self.dense.head_error_scale if self.dense else 1.0),
             "draft_bits_per_weight": round(self.spec.bits_per_weight(), 3),
             "draft_noise": self.draft_noise,
             "draft_dense_bits": self.dense_spec.bits if self.dense_spec else 16,
             "draft_device_bytes": self.draft_bytes(self.engine),
+        }
+
+    def metrics(self):
+        lengths = self.accepted_lengths
+        m = {
+            "k": self.k,
+            "k_hist": {str(k): n for k, n in sorted(self.k_hist.items())},
+            **self.draft_metrics(),
             "acceptance_rate": self.accepted / self.proposed if self.proposed else None,
             "mean_accepted_tokens": statistics.mean(lengths) if lengths else None,
             "tokens_per_window": (statistics.mean(lengths) + 1) if lengths else None,

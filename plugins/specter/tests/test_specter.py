@@ -413,7 +413,7 @@ def test_specters_eviction_does_not_walk_the_cache(monkeypatch):
 
 
 def test_acceptance_by_position_conditions_on_reaching_the_position():
-    from specterbench_specter.decoding import acceptance_by_position, per_token_acceptance
+    from specterbench_specter.acceptance import acceptance_by_position, per_token_acceptance
 
     ks, accepted = [4, 4, 2, 4], [4, 1, 2, 0]
     by_pos = acceptance_by_position(ks, accepted)
