@@ -26,7 +26,7 @@ class CpuExperts(StaticPlacement):
 
     name = "cpu-experts"
     version = "2"
-    description = "Fiddler/llama.cpp: pinned popular experts on device; others computed on the host CPU"
+    description = "Fiddler: pinned popular experts on device; each other expert on the host CPU or fetched, whichever is sooner"
 
     @classmethod
     def option_names(cls):
