@@ -341,11 +341,12 @@ class Runner:
                 torch.cuda.reset_peak_memory_stats(engine.device)
             hooks.specterbench_cell_start(cell=key, engine=engine)
             measuring = True
+            held = drafts_allocated_bytes(engine)  # copies a strategy drops mid-cell still count at their peak
             for pid, ids in prompts:
                 engine.begin_request(request(pid, ids))
                 outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
                 all_samples.append(list(engine.samples))
-            row.strategy_device_bytes_allocated = drafts_allocated_bytes(engine)
+            row.strategy_device_bytes_allocated = max(held, drafts_allocated_bytes(engine))
             fill_metrics(row, engine, strategy, all_samples)
             check_tokens(row, outputs, reference, cls.lossless, TokenNumerics(
                 dict(prompts), engine.compute_dtype, layers, cfg.decode,

@@ -79,6 +79,9 @@ class DraftFloor:
         popular experts; the cell decodes with K = 0 from here on."""
         engine = self.engine
         engine.release_device_bytes(self.draft_bytes(engine))
+        self.draft.release()  # the cache now holds those bytes: the copies must not stay allocated beside it
+        if self.dense is not None:
+            self.dense.release()
         self.draft_released = True
         self.k_option, self.k = 0, 0
         self.slots = engine.cache.capacity_bytes // engine.expert_bytes

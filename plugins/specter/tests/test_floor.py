@@ -15,6 +15,7 @@ from specterbench.bench.budget import parse_budget
 from specterbench.bench.config import BenchConfig
 from specterbench.bench.runner import Runner
 from specterbench.engine.sampling import DecodeSetting
+from specterbench.runfiles.results import read_rows
 
 SLOW = os.environ.get("SPECTERBENCH_SLOW_TESTS") == "1"
 FLOOR = 1.03  # Specter's mean TPOT at most 3% above the strongest non-speculative strategy's
@@ -50,3 +51,26 @@ def test_specter_holds_the_floor_whatever_its_drafts_acceptance(host, tmp_path, 
     assert ratio <= FLOOR, (f"{model} @ {budget}, acceptance {acceptance:.2f}: specter {specter.tpot_mean_ms:.2f} ms "
                             f"is {ratio:.3f}x cpu-experts' {base.tpot_mean_ms:.2f} (K: {specter.extra.get('k_hist')}, "
                             f"released: {specter.extra.get('draft_released')})")
+
+
+@pytest.mark.parametrize("strategy, options", [
+    ("specter", {"k": 4}), ("specter", {"k": 4, "bits": 3}), ("spec-host", {"k": 4}), ("spec-decode", {}),
+    ("specmoeoff", {}), ("spec-decode", {"bits": 3, "quantizer": "int", "blocksize": 64}),
+])
+def test_at_the_models_own_sizes_a_draft_holds_what_it_is_charged(host, small_prompts, tmp_path, strategy, options):
+    config = BenchConfig(models=("tiny-mixtral",), strategies=(strategy,), budgets=(parse_budget("50%"),),
+                         profile="a100-40g-pcie4", tokens=6, prompts=1, geometry="own",
+                         strategy_options={strategy: options})
+    Runner(host, config, tmp_path).run()
+    (row,) = read_rows(tmp_path)
+    assert row.status == "ok", row.error
+    assert 0 < row.strategy_device_bytes_allocated <= 1.02 * row.strategy_device_bytes
+
+
+def test_a_released_draft_frees_its_copies_before_the_cache_takes_its_bytes(host, small_prompts, tmp_path):
+    config = BenchConfig(models=("tiny-qwen-moe",), strategies=("specter",), budgets=(parse_budget("50%"),),
+                         profile="a100-40g-pcie4", tokens=4, prompts=1)
+    Runner(host, config, tmp_path).run()
+    (row,) = read_rows(tmp_path)
+    assert row.extra["draft_released"] and row.strategy_device_bytes > 0
+    assert row.strategy_device_bytes_allocated == 0  # released in the seed, before the measured requests
