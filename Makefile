@@ -5,10 +5,11 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip
 
 MODEL ?= tiny-qwen-moe
-# the headline comparison: Specter, its paper's baselines, the strongest lossless ones and the speculative ablation
-# (spec-host: Specter without its lookahead), with the bound of each kind (oracle: per-token; oracle-spec: speculative)
+# the headline comparison: Specter, its paper's baselines, what users run today (llama.cpp's layer split n-cpu-moe,
+# KTransformers' kt-hybrid, Fiddler's cpu-experts, draft-free spec-ngram), the speculative ablation (spec-host:
+# Specter without its lookahead), with the bound of each kind (oracle: per-token; oracle-spec: speculative)
 # (STRATEGIES=all runs every registered strategy: about twice as long)
-STRATEGIES ?= on-demand,lru,static,cpu-experts,specmoeoff,spec-host,specter,oracle,oracle-spec,resident
+STRATEGIES ?= on-demand,lru,static,cpu-experts,n-cpu-moe,kt-hybrid,specmoeoff,spec-ngram,spec-host,specter,oracle,oracle-spec,resident
 BUDGETS ?= 35%,50%
 PROFILE ?= a100-40g-pcie4
 TOKENS ?= 64
