@@ -13,9 +13,11 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from specterbench.plugins.registry import BLOCK_ENV
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_errors, for every folder's bad-input tests
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # cli_errors and support, for every folder's tests
 
 
 SHIPPED = ("specterbench", "specterbench-specter", "specterbench-lfu")  # the distributions this repository installs
@@ -30,3 +32,11 @@ def outside_plugins() -> list[str]:
 OUTSIDE = outside_plugins()
 if OUTSIDE:
     os.environ[BLOCK_ENV] = ",".join(filter(None, [os.environ.get(BLOCK_ENV, ""), *OUTSIDE]))
+
+
+@pytest.fixture
+def engine():
+    """The tiny random Mixtral in an engine (2 MoE layers, 8 experts, top-2); a test folder may define its own."""
+    from support import tiny_engine
+
+    return tiny_engine("mixtral")

@@ -5,13 +5,10 @@ engine (2 MoE layers, 8 experts, top-2) on the modeled clock."""
 
 import pytest
 import torch
-import torch.nn.functional as F
+from support import configure, route
 
 from specterbench import Request, Strategy
-from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.engine import Engine
-from specterbench.engine.modeled_clock import ModeledClock
-from specterbench.engine.profiles import default_host_profile, default_profile
+from specterbench.engine.profiles import default_profile
 from specterbench.strategy import SUBSTITUTE
 
 
@@ -32,30 +29,12 @@ class Recorder(Strategy):
                           self.engine.costs.until_layer_s(layer), list(experts) == r.experts))
 
 
-@pytest.fixture
-def engine():
-    model, tok = tiny_random("mixtral")
-    return Engine(model, name="tiny-random-mixtral", tokenizer=tok)
-
-
-def configure(engine, strategy, slots=4):
-    clock = ModeledClock(default_profile(), engine.geometry, default_host_profile())
-    engine.configure(strategy, slots * engine.expert_bytes, clock)
-    return strategy
-
-
-def route(engine, layer, tokens):
-    idx = torch.tensor(tokens)  # [T, k]
-    hidden = torch.randn(len(tokens), engine.own_geometry.hidden)  # [T, H]
-    return engine.run_moe_layer(layer, F.silu, hidden, idx, torch.full(idx.shape, 0.5))
-
-
 def test_the_smallest_cache_is_one_layers_top_k(engine):
     assert engine.min_budget_bytes() == engine.top_k * engine.expert_bytes
 
 
 def test_landed_expected_arrival_and_wait_for_answer_about_one_copy(engine):
-    configure(engine, Recorder())
+    configure(engine, Recorder(), host=True)
     engine.prefetch((1, 3), 1.0)
     assert engine.expected_arrival((1, 3)) > engine.costs.now_s() and not engine.landed((1, 3))
     assert engine.expected_arrival((1, 4)) is None  # not cached
@@ -64,7 +43,7 @@ def test_landed_expected_arrival_and_wait_for_answer_about_one_copy(engine):
 
 
 def test_candidates_leave_out_protected_and_in_flight_experts(engine):
-    configure(engine, Recorder())
+    configure(engine, Recorder(), host=True)
     engine.prefetch((0, 1))
     engine.wait_for([(0, 1)])
     engine.prefetch((0, 2))
@@ -75,7 +54,7 @@ def test_candidates_leave_out_protected_and_in_flight_experts(engine):
 
 
 def test_cost_estimates_are_what_the_modeled_clock_charges(engine):
-    configure(engine, Recorder())
+    configure(engine, Recorder(), host=True)
     costs, profile = engine.costs, default_profile()
     assert costs.copy_s() == pytest.approx(profile.link_latency_us * 1e-6 +
                                            engine.priced_expert_bytes / profile.link_bytes_per_s)
@@ -92,7 +71,8 @@ def test_cost_estimates_are_what_the_modeled_clock_charges(engine):
 
 
 def test_router_signals_are_there_in_prefill_and_decode_and_gone_between_layers(engine):
-    s = configure(engine, Recorder(), slots=8)
+    s = Recorder()
+    configure(engine, s, slots=8, host=True)
     request = Request("r", (5, 6, 7, 8), max_new_tokens=2)
     engine.begin_request(request)
     engine.decode(request)
@@ -106,7 +86,7 @@ def test_router_signals_are_there_in_prefill_and_decode_and_gone_between_layers(
 
 
 def test_router_guess_applies_another_layers_router_and_is_charged(engine):
-    configure(engine, Recorder())
+    configure(engine, Recorder(), host=True)
     hidden = torch.randn(3, engine.own_geometry.hidden)  # [T, H]
     before = engine.costs.now_s()
     guess = engine.router_guess(1, hidden)
@@ -115,7 +95,7 @@ def test_router_guess_applies_another_layers_router_and_is_charged(engine):
 
 
 def test_emit_records_one_sample_per_call(engine):
-    configure(engine, Recorder())
+    configure(engine, Recorder(), host=True)
     engine.begin_request(Request("r", (1,), 4))
     engine.emit(1)
     engine.emit(3)
@@ -133,14 +113,14 @@ def test_a_substitute_computes_a_miss_with_the_strategys_own_weights(engine):
             weights = tuple(w.to(self.engine.compute_dtype) for w in self.engine.store.weights[key])
             return weights, 1.0  # the full weights, as a fetch would bring them
 
-    configure(engine, Substituting())
+    configure(engine, Substituting(), host=True)
     torch.manual_seed(0)
     out = route(engine, 0, [[0, 1], [2, 3]])
     assert engine.stats.substituted == 4 and len(engine.cache) == 0 and out.shape == (2, engine.own_geometry.hidden)
 
 
 def test_the_routing_recorder_keeps_each_layer_calls_experts(engine):
-    configure(engine, Recorder(), slots=8)
+    configure(engine, Recorder(), slots=8, host=True)
     rec = engine.start_recording()
     route(engine, 0, [[0, 1], [1, 5]])
     route(engine, 1, [[2, 3]])

@@ -2,31 +2,11 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
+from support import configure, route
 
 from specterbench import Strategy
-from specterbench.catalog.tiny import tiny_random
-from specterbench.engine.engine import Engine
-from specterbench.engine.modeled_clock import ModeledClock
-from specterbench.engine.profiles import default_profile
 from specterbench.engine.routing import group_tokens
 from specterbench.strategy import PrefetchResult
-
-
-@pytest.fixture
-def engine():
-    model, tok = tiny_random("mixtral")  # 2 MoE layers, 8 experts, top-2
-    return Engine(model, name="tiny-random-mixtral", tokenizer=tok)
-
-
-def configure(engine, strategy, slots):
-    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(default_profile(), engine.geometry))
-
-
-def route(engine, layer, tokens):
-    idx = torch.tensor(tokens)
-    hidden = torch.randn(len(tokens), engine.own_geometry.hidden)
-    return engine.run_moe_layer(layer, F.silu, hidden, idx, torch.full(idx.shape, 1.0 / idx.shape[1]))
 
 
 def test_sizes_are_exposed(engine):

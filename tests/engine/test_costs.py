@@ -2,13 +2,12 @@
 
 import pytest
 import torch
+from support import configure
 
 from specterbench import Strategy
 from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
-from specterbench.engine.modeled_clock import ModeledClock
-from specterbench.engine.profiles import default_host_profile, default_profile
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 
@@ -20,14 +19,8 @@ def engine():
     return engine
 
 
-def configure(engine, strategy, slots=16):
-    clock = ModeledClock(default_profile(), engine.geometry, default_host_profile())
-    engine.configure(strategy, slots * engine.expert_bytes, clock)
-    return clock
-
-
 def test_copy_estimate_is_the_time_an_idle_link_takes(engine):
-    clock = configure(engine, Strategy())
+    clock = configure(engine, Strategy(), slots=16, host=True)
     estimate = engine.costs.copy_s()
     t = clock.issue((0, 0), engine.priced_expert_bytes, DEMAND_PRIORITY)
     clock.wait(t)
@@ -35,7 +28,7 @@ def test_copy_estimate_is_the_time_an_idle_link_takes(engine):
 
 
 def test_expert_and_fused_estimates_are_what_compute_charges(engine):
-    clock = configure(engine, Strategy())
+    clock = configure(engine, Strategy(), slots=16, host=True)
     for n in (1, 7):
         before = clock.now()
         engine.charge_expert(n)
@@ -46,7 +39,7 @@ def test_expert_and_fused_estimates_are_what_compute_charges(engine):
 
 
 def test_a_layer_is_charged_its_grouped_op_and_one_more_expert_adds_no_launches(engine):
-    clock = configure(engine, Strategy(), slots=4)
+    clock = configure(engine, Strategy(), slots=4, host=True)
     for key in ((0, 1), (0, 3)):
         engine.prefetch(key)
     clock.settle()
@@ -61,14 +54,14 @@ def test_a_layer_is_charged_its_grouped_op_and_one_more_expert_adds_no_launches(
 
 
 def test_host_expert_estimate_is_what_an_idle_host_takes(engine):
-    clock = configure(engine, Strategy())
+    clock = configure(engine, Strategy(), slots=16, host=True)
     job = clock.run_on_host(lambda: None, clock.costs.host_expert(3), engine.host_threads)
     assert job.done_s - clock.now() == pytest.approx(engine.costs.host_expert_s(3))
     assert engine.costs.host_backlog_s() > 0
 
 
 def test_link_backlog_is_when_a_copy_issued_now_would_start(engine):
-    clock = configure(engine, Strategy())
+    clock = configure(engine, Strategy(), slots=16, host=True)
     for e in range(3):
         clock.issue((0, e), engine.priced_expert_bytes, 0.0)
     backlog = engine.costs.link_backlog_s()
@@ -95,7 +88,7 @@ def test_until_layer_is_when_that_layer_runs_when_every_expert_hits(engine):
                 self.at = engine.costs.now_s()
 
     strategy = Watch()
-    configure(engine, strategy)
+    configure(engine, strategy, slots=16, host=True)
     strategy.prepare(engine)
     engine.clock.settle()
     kv = engine.new_kv_cache()

@@ -1,32 +1,12 @@
 import pytest
 import torch
-import torch.nn.functional as F
+from support import configure, route
 
 from specterbench import Request, Strategy
 from specterbench.baselines import LRU, OnDemand
 from specterbench.catalog.tiny import TINY_FAMILIES, tiny_random
 from specterbench.engine.engine import Engine
-from specterbench.engine.modeled_clock import ModeledClock
-from specterbench.engine.profiles import default_profile
 from specterbench.errors import BudgetError, EngineViolation, ModelError
-
-
-@pytest.fixture
-def engine():
-    model, tok = tiny_random("mixtral")  # 2 MoE layers, 8 experts, top-2
-    return Engine(model, name="tiny-random-mixtral", tokenizer=tok)
-
-
-def configure(engine, strategy, slots):
-    engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(default_profile(), engine.geometry))
-
-
-def route(engine, layer, tokens):
-    """Run one MoE layer with hand-picked routing: ``tokens`` lists each token's experts."""
-    idx = torch.tensor(tokens)
-    hidden = torch.randn(len(tokens), engine.own_geometry.hidden)
-    weights = torch.full(idx.shape, 1.0 / idx.shape[1])
-    return engine.run_moe_layer(layer, F.silu, hidden, idx, weights)
 
 
 def test_store_holds_every_expert_in_bf16_and_the_model_holds_none(engine):

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_errors import one_line  # noqa: E402
+from support import tiny_engine
 from test_clock_cuda_fake import clock as cuda_clock  # noqa: E402,F401  (a CudaClock over a fake torch.cuda)
 
 from specterbench import Request
@@ -26,11 +27,6 @@ from specterbench.errors import UsageError
 @pytest.fixture
 def t4(host):
     return host.profiles().get("t4-16g-pcie3")
-
-
-def _engine():
-    model, tok = tiny_random("mixtral")  # 2 MoE layers, 8 experts, top-2
-    return Engine(model, name="tiny-random-mixtral", tokenizer=tok)
 
 
 def _route(engine, layer, tokens):
@@ -90,7 +86,7 @@ def test_a_swap_writes_the_evicted_expert_back_and_adds_exactly_its_copy_to_the_
     the device: only the write-back restores it."""
     engines = {}
     for swap in (False, True):
-        engine = _engine()
+        engine = tiny_engine()
         engine.configure(LRU(swap=swap), 4 * engine.expert_bytes, ModeledClock(t4, engine.geometry))
         assert engine.swap_copies is swap
         _route(engine, 1, [[5, 6]])

@@ -1,14 +1,12 @@
 import pytest
 import torch
-import torch.nn.functional as F
+from support import route
 
 from specterbench.baselines import LFRU, LRU, ActivationAware, CpuExperts
 from specterbench.bench.budget import parse_budget
 from specterbench.bench.config import BenchConfig
 from specterbench.bench.runner import Runner
-from specterbench.catalog.tiny import tiny_random
 from specterbench.engine.costs import HostOp
-from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
 from specterbench.engine.modeled_clock import ModeledClock
 from specterbench.engine.profiles import HostProfile, default_host_profile, default_profile
@@ -19,20 +17,8 @@ from specterbench.strategy import FETCH, ON_HOST, RoutingCalibration
 HOST = default_host_profile()
 
 
-@pytest.fixture
-def engine():
-    model, tok = tiny_random("mixtral")  # 2 MoE layers, 8 experts
-    return Engine(model, name="tiny-random-mixtral", tokenizer=tok)
-
-
 def configure(engine, strategy, slots, host=HOST):
     engine.configure(strategy, slots * engine.expert_bytes, ModeledClock(default_profile(), engine.geometry, host))
-
-
-def route(engine, layer, tokens):
-    idx = torch.tensor(tokens)
-    return engine.run_moe_layer(layer, F.silu, torch.randn(len(tokens), 64), idx,
-                                torch.full(idx.shape, 1.0 / idx.shape[1]))
 
 
 @pytest.mark.parametrize("strategy, hits, misses", [(LRU(), 2, 4), (LFRU(decay=0.01), 3, 3)])
