@@ -47,8 +47,9 @@ def add_precision_arguments(parser) -> None:
     """``--expert-bits``, ``--dense-bits``, ``--expert-quantizer``, ``--expert-group``: the target's stored precision
     (:mod:`specterbench.engine.precision`)."""
     parser.add_argument("--expert-bits", default="16", help="the target's routed experts: 16 (bf16), 8, 4, 3 or 2 "
-                        "bits, group-wise; the reference is the quantized model and budgets are shares of the "
-                        "stored (packed) expert bytes")
+                        "bits, group-wise, or a name (bf16, q8, q4, q3, q2; the row states bits per weight with "
+                        "scales); the reference is the quantized model and budgets are shares of the stored (packed) "
+                        "expert bytes")
     parser.add_argument("--dense-bits", default="16", help="the target's attention, shared experts and head: 16, 8 "
                         "or 4 bits (int, group 64; routers stay 16-bit)")
     parser.add_argument("--expert-quantizer", default="int", help="int (default: fp16 scale and a bits-bit zero per "

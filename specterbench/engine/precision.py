@@ -50,15 +50,35 @@ DEFAULT_GROUP = 128  # GPTQ/AWQ's group; HQQ's configs in mixtral-offloading use
 DENSE_GROUP = 64
 
 
+#: precision names users know, where they map cleanly onto a bit width of this project's group-wise int format
+#: (the group is ``--expert-group``; the row states the bits per weight that result, scales and zeros included)
+NAMES = {"bf16": 16, "fp16": 16, "f16": 16, "16bit": 16, "q8": 8, "int8": 8, "q4": 4, "int4": 4, "q3": 3, "int3": 3,
+         "q2": 2, "int2": 2}
+#: names with no clean mapping, and the nearest setting (llama.cpp's k-quants mix widths and super-blocks)
+NEAREST = {"q4_k_m": "4 with --expert-group 32 (4.62 bits per weight; Q4_K_M is about 4.85)",
+           "q4_k_s": "4 with --expert-group 32 (4.62 bits per weight; Q4_K_S is about 4.58)",
+           "q4_0": "4 with --expert-group 32 (4.62 bits per weight; Q4_0 is 4.5, symmetric)",
+           "q8_0": "8 with --expert-group 32 (8.75 bits per weight; Q8_0 is 8.5, symmetric)",
+           "q5_k_m": "none (5 bits is not a width here): 4 or 8", "q6_k": "none (6 bits is not a width here): 8",
+           "fp8": "8 (int8 per group; fp8's own format is not modeled)"}
+
+
 def _bits(value, allowed: tuple[int, ...], flag: str) -> int:
+    name = str(value).strip().lower()
+    if name in NEAREST:
+        raise UsageError(f"{flag} {value!r} has no clean mapping onto this project's formats; the nearest is "
+                         f"{flag} {NEAREST[name]}")
+    if name in NAMES and NAMES[name] in allowed:
+        return NAMES[name]
     try:
         n = int(value)
         ok = str(value).strip().lstrip("+").isdigit() or isinstance(value, int)
     except (TypeError, ValueError):
         n, ok = None, False
     if not ok or n not in allowed:
+        names = ", ".join(n for n, b in NAMES.items() if b in allowed and not n.startswith(("f", "16")))
         raise UsageError(f"unknown precision {flag} {value!r}: use one of {', '.join(map(str, allowed))} "
-                         f"(16: unquantized)")
+                         f"(16: unquantized) or a name: {names}")
     return n
 
 
@@ -127,10 +147,13 @@ class Precision:
         return None if self.dense_spec is None else kernel_for(self.dense_spec)
 
     def label(self) -> str:
-        """``bf16``, ``experts int4/g128``, ``experts int2/g32 + dense int8/g64``: what rows and cells carry."""
+        """``bf16``, ``experts int4/g128 (4.16 bpw)``, ``experts int2/g32 (2.75 bpw) + dense int8/g64``: what rows
+        and cells carry, the experts' bits per weight with their scales and zeros included."""
         if not self.quantized:
             return "bf16"
-        parts = [f"experts {self.expert_spec.label()}" if self.expert_spec else "experts bf16"]
+        spec = self.expert_spec
+        parts = [f"experts {spec.label()} ({spec.bits_per_weight(cols=DEFAULT_GROUP * 32):.2f} bpw)" if spec
+                 else "experts bf16"]
         if self.dense_spec:
             parts.append(f"dense {self.dense_spec.label()}")
         return " + ".join(parts)

@@ -167,7 +167,7 @@ def test_the_quick_subset_prints_modeled_beside_published(tmp_path, capsys):
     rows = {r["id"]: r for r in data["measurements"]}
     assert set(rows) == set(published_record.QUICK_IDS)
     assert all(r["status"] == "ok" and r["ratio"] > 0 for r in rows.values())
-    assert rows["mo-t2-a100-full"]["precision"] == "experts int2/g32 + dense int4/g64"
+    assert rows["mo-t2-a100-full"]["precision"] == "experts int2/g32 (2.56 bpw) + dense int4/g64"
     assert data["pairs"] and data["pairs"][0]["modeled"] is not None
     lines = (out / "rows.jsonl").read_text().splitlines()
-    assert {json.loads(line)["precision"] for line in lines} == {"experts int2/g32 + dense int4/g64"}
+    assert {json.loads(line)["precision"] for line in lines} == {"experts int2/g32 (2.56 bpw) + dense int4/g64"}

@@ -40,7 +40,7 @@ def test_bits_a_format_cannot_hold_are_refused():
 
 def test_the_label_names_format_and_group():
     assert Precision().label() == "bf16"
-    assert Precision.parse(4, 8).label() == "experts int4/g128 + dense int8/g64"
+    assert Precision.parse(4, 8).label() == "experts int4/g128 (4.16 bpw) + dense int8/g64"
 
 
 def test_the_priced_geometry_holds_packed_expert_bytes():
@@ -57,9 +57,9 @@ def test_a_quantized_target_runs_losslessly_and_rows_carry_its_precision(tmp_pat
                  "--dense-bits", "8", "--out", str(tmp_path), "--run-id", "q"])
     assert code == 0, capsys.readouterr().err
     rows = read_rows(tmp_path / "q")
-    assert {r.precision for r in rows} == {"experts int4/g128 + dense int8/g64"}
+    assert {r.precision for r in rows} == {"experts int4/g128 (4.16 bpw) + dense int8/g64"}
     assert all(r.status == "ok" and r.lossless for r in rows)
-    assert all(r.cell.endswith("experts int4/g128 + dense int8/g64") for r in rows)
+    assert all(r.cell.endswith("experts int4/g128 (4.16 bpw) + dense int8/g64") for r in rows)
     # budgets are shares of the stored bytes: 4-bit experts hold about a quarter of the 16-bit bytes
     bf16 = tmp_path / "b"
     assert main(["run", *FAST, "--strategies", "lru", "--budgets", "50%", "--out", str(tmp_path),
@@ -140,8 +140,27 @@ def test_a_sweep_grid_takes_the_precision_for_every_cell_and_its_own_reference(h
     grid = parse_grid({"models": [MODEL], "strategies": ["lru"], "budgets": ["50%"], "tokens": 4, "prompts": 1,
                        "expert_bits": 4, "dense_bits": 8})
     cells = expand(grid, host)
-    assert {c.config.precision.label() for c in cells} == {"experts int4/g128 + dense int8/g64"}
-    assert all(c.key.endswith("experts int4/g128 + dense int8/g64") for c in cells)
-    assert reference_key(cells[0].config)[-1] == "experts int4/g128 + dense int8/g64"
+    assert {c.config.precision.label() for c in cells} == {"experts int4/g128 (4.16 bpw) + dense int8/g64"}
+    assert all(c.key.endswith("experts int4/g128 (4.16 bpw) + dense int8/g64") for c in cells)
+    assert reference_key(cells[0].config)[-1] == "experts int4/g128 (4.16 bpw) + dense int8/g64"
     with pytest.raises(UsageError, match="unknown precision --expert-bits"):
         parse_grid({"models": [MODEL], "strategies": ["lru"], "budgets": ["50%"], "expert_bits": 5})
+
+
+@pytest.mark.parametrize("name, bits", [("q4", 4), ("Q8", 8), ("bf16", 16), ("int3", 3), ("q2", 2)])
+def test_precision_names_users_know_map_onto_a_bit_width(name, bits):
+    assert Precision.parse(name).expert_bits == bits
+
+
+@pytest.mark.parametrize("name, nearest", [("q4_k_m", "--expert-bits 4 with --expert-group 32 (4.62 bits per weight"),
+                                           ("Q8_0", "--expert-bits 8 with --expert-group 32"),
+                                           ("q6_k", "6 bits is not a width here")])
+def test_a_name_without_a_clean_mapping_is_one_line_naming_the_nearest(name, nearest):
+    with pytest.raises(UsageError, match="has no clean mapping") as info:
+        Precision.parse(name)
+    assert nearest in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_unknown_precision_lists_the_widths_and_the_names():
+    with pytest.raises(UsageError, match=r"use one of 16, 8, 4, 3, 2 \(16: unquantized\) or a name: bf16, q8, int8"):
+        Precision.parse("q5")
