@@ -26,7 +26,8 @@ class CpuExperts(StaticPlacement):
 
     name = "cpu-experts"
     version = "2"
-    description = "Fiddler: pinned popular experts on device; each other expert on the host CPU or fetched, whichever is sooner"
+    description = ("Fiddler: pinned popular experts on device; each other expert on the host CPU or fetched, "
+                   "whichever is sooner")
 
     @classmethod
     def option_names(cls):

@@ -12,6 +12,8 @@ nothing is copied during decode. Without room for that buffer, ``auto`` computes
 
 from __future__ import annotations
 
+import math
+
 from specterbench.errors import UsageError
 from specterbench.strategy import FETCH, ON_HOST, Strategy
 
@@ -60,11 +62,19 @@ class HostExperts(Strategy):
     def min_budget(cls, engine, options: dict) -> int:
         """Nothing on the device is needed: every expert can run on the host (a streamed prefill only where it
         fits)."""
-        return engine.num_experts * engine.expert_bytes if str(options.get("prefill", "auto")) == "stream" else 0
+        if str(options.get("prefill", "auto")) != "stream":
+            return 0
+        per_real_layer = math.ceil(engine.num_experts / max(1.0, engine.geometry.layer_scale))
+        return max(engine.top_k, per_real_layer) * engine.expert_bytes
 
     def stream_slots_bytes(self, engine) -> int:
-        """Device bytes kept for streaming host experts in a prefill (none with ``prefill=host``)."""
-        return 0 if self.prefill == "host" else engine.num_experts * engine.expert_bytes
+        """Device bytes kept for streaming host experts in a prefill (none with ``prefill=host``): one priced layer's
+        experts — under a projection a stand-in layer stands for ``layer_scale`` real ones, so a real layer's share
+        of it, and the engine streams a stand-in layer through that room an expert at a time."""
+        if self.prefill == "host":
+            return 0
+        per_real_layer = math.ceil(engine.num_experts / max(1.0, engine.geometry.layer_scale))
+        return max(engine.top_k, per_real_layer) * engine.expert_bytes
 
     def attach(self, engine):
         super().attach(engine)

@@ -24,7 +24,7 @@ class KtHybrid(HostExperts):
     """
 
     name = "kt-hybrid"
-    version = "1"
+    version = "2"  # 2: the stream buffer is one real layer's experts under a projection, not a stand-in layer's
     description = "KTransformers: per-layer GPU experts by placement, the rest on the host's expert kernels"
 
     @classmethod

@@ -14,9 +14,9 @@ from specterbench.runfiles.results import read_rows
 MODEL = "tiny-random-mixtral"  # 2 MoE layers, 8 experts, top-2
 
 
-def run(host, small_prompts, tmp_path, strategy, budgets=("50%",), options=None, tokens=6):
+def run(host, small_prompts, tmp_path, strategy, budgets=("50%",), options=None, tokens=6, geometry=None):
     config = BenchConfig(models=(MODEL,), strategies=(strategy,), budgets=tuple(parse_budget(b) for b in budgets),
-                         profile="a100-40g-pcie4", tokens=tokens, prompts=2,
+                         profile="a100-40g-pcie4", tokens=tokens, prompts=2, geometry=geometry,
                          strategy_options={strategy: options or {}})
     Runner(host, config, tmp_path).run()
     return read_rows(tmp_path)
@@ -100,3 +100,13 @@ def test_the_least_budget_is_zero_for_the_host_splits_and_one_forward_for_a_cach
     one_forward = engine.min_budget_bytes()
     assert least == {"lru": one_forward, "cpu-experts": one_forward, "n-cpu-moe": 0, "kt-hybrid": 0}
     assert engine.min_budget_bytes() > 0
+
+
+def test_under_a_projection_the_split_moves_one_real_layer_at_a_time(host, small_prompts, tmp_path):
+    # at Mixtral's sizes each of the 2 stand-in layers stands for 16 real ones; 50% holds 8 of the 16 stand-in
+    # experts; the stream buffer is one real layer's experts (at least top-2), so 6 stay for resident layers: real
+    # layers 20..31 (12 of 32) are the device's, as 6 of layer 1's 8 experts
+    (row,) = run(host, small_prompts, tmp_path, "n-cpu-moe", geometry="mixtral")
+    assert row.status == "ok" and row.lossless
+    assert row.extra["n_cpu_moe"] == 20 and row.extra["moe_layers"] == 32 and row.extra["pinned_experts"] == 6
+    assert row.decode_h2d_bytes_per_token == 0
