@@ -73,7 +73,8 @@ def with_profile_memory(budgets, profile, reserve: str | None = None) -> tuple[B
     """``--budgets device``: the hardware profile's memory as a card budget (named ``device (40GiB)``)."""
     reserve_bytes = None if reserve in (None, "") else parse_memory(reserve, "--gpu-reserve")
     n = profile.device_memory_bytes
-    return tuple(Budget(f"device ({size_text(n)})", card_bytes=n, card_reserve=reserve_bytes)
+    return tuple(Budget(f"device ({size_text(n)})", card_bytes=n,
+                        card_reserve=b.card_reserve if reserve_bytes is None else reserve_bytes)
                  if b.card_bytes == 0 else b for b in budgets)
 
 

@@ -194,7 +194,7 @@ class Runner:
         """Every budget a cell of this run holds on the device, as (text, bytes): the run's budgets and the fixed
         ones of strategies like ``resident``."""
         total = engine.total_expert_bytes
-        out = {b.text: b.resolve(total) for b in self.budgets}
+        out = {b.text: b.resolve(total) for b in self.budgets if b.card_bytes is None or b.fraction is not None}
         for name in self.config.strategies:
             cls = self.host.strategies().get(name)
             if cls.fixed_budget_fraction is not None:

@@ -1,4 +1,4 @@
-"""``run --gpu-memory`` / ``--budgets device``: budgets as what a card leaves for experts, end to end on a tiny model."""
+"""``run --gpu-memory`` / ``--budgets device``: budgets as what a card leaves for experts, end to end."""
 
 from __future__ import annotations
 
@@ -71,3 +71,17 @@ def test_a_bad_card_is_one_line_exit_2_and_no_run_folder(host, tmp_path, capsys,
 def test_a_too_small_card_names_the_smallest_that_fits(host, tmp_path, capsys):
     code, _, err = run(tmp_path, capsys, "--gpu-memory", "2GiB")
     assert code == 2 and "the smallest that fits is 5 GiB" in err
+
+
+def test_make_bench_passes_gpu_memory_only_when_given():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+
+    def dry(*args):
+        return subprocess.run(["make", "-n", "bench", *args], cwd=root, capture_output=True, text=True,
+                              check=True).stdout
+
+    assert "--gpu-memory '24GiB,48GiB'" in dry("GPU_MEMORY=24GiB,48GiB")
+    assert "--gpu-memory" not in dry()
