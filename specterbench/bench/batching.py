@@ -71,9 +71,10 @@ def kv_bytes(engine: "Engine", batch: int, context: int) -> tuple[int, int]:
     return priced, int(priced * engine.total_expert_bytes / g.all_expert_bytes)
 
 
-def charged_kv(runner, engine: "Engine", cls, batch: int, context: int) -> tuple[int, int]:
-    """The KV charged to a cell of ``cls`` at ``batch``: none without a batch axis, none for a fixed budget."""
-    if runner.config.batches == (1,) or cls.fixed_budget_fraction is not None:
+def charged_kv(runner, engine: "Engine", cls, budget: Budget, batch: int, context: int) -> tuple[int, int]:
+    """The KV charged to a cell of ``cls`` at ``batch``: none without a batch axis, none for a fixed budget, none
+    for a card's memory (``--gpu-memory``: its plan holds the KV of the run's largest batch already)."""
+    if runner.config.batches == (1,) or cls.fixed_budget_fraction is not None or budget.card_bytes is not None:
         return 0, 0
     return kv_bytes(engine, batch, context)
 
@@ -91,7 +92,9 @@ def check_fit(runner, engine: "Engine", prompts) -> None:
         if cls.fixed_budget_fraction is not None:
             continue
         floor = cls.min_budget(engine, dict(cfg.strategy_options.get(name, {})))
-        for budget in cfg.budgets:
+        for budget in runner.budgets:
+            if budget.card_bytes is not None:  # a card's plan holds the largest batch's KV (refused there)
+                continue
             nbytes = budget.resolve(total)
             for batch in sorted(cfg.batches):
                 priced, charged = kv_bytes(engine, batch, context)

@@ -88,6 +88,11 @@ class BenchConfig:
                                  "can do; drop GEOMETRY or use --clock modeled")
             geometry_preset(self.geometry)
 
+    @property
+    def batch(self) -> tuple[int, ...]:
+        """The batch axis as a card's plan reads it (its largest batch's KV is on the card)."""
+        return self.batches
+
     def geometry_for(self, spec) -> str | None:
         """The geometry preset ``spec``'s routing is priced at, or None for its own sizes."""
         return resolve_geometry(self.geometry, spec, self.clock)
