@@ -128,6 +128,20 @@ def unsupported(row: "ResultRow", cls, batch: int) -> bool:
     return True
 
 
+def decode_cell(engine: "Engine", strategy, prompts, request, batch: int):
+    """A cell's measured requests (``request(pid, ids)`` makes one): one at a time through
+    :meth:`~specterbench.Strategy.generate` at batch 1, else :func:`decode_batches`. Returns (tokens per request id,
+    each request's samples, the steps' samples of each batch)."""
+    if batch > 1:
+        return decode_batches(engine, strategy, [request(pid, ids) for pid, ids in prompts], batch)
+    outputs, samples = {}, []
+    for pid, ids in prompts:
+        engine.begin_request(request(pid, ids))
+        outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
+        samples.append(list(engine.samples))
+    return outputs, samples, samples
+
+
 def decode_batches(engine: "Engine", strategy, requests, batch: int):
     """Decode ``requests`` ``batch`` at a time (full batches only). Returns (tokens per request id, each request's
     samples, each batch's step samples)."""

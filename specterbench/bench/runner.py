@@ -358,21 +358,12 @@ class Runner:
                 engine.end_warmup()  # engine counters and clock totals restart; the strategy's on_warmup_end
                 if warns_warmup_metrics(cls, entry.plugin.name):
                     row.extra["metrics_include_warmup"] = True
-            outputs, all_samples = {}, []
             if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
                 torch.cuda.reset_peak_memory_stats(engine.device)
             hooks.specterbench_cell_start(cell=key, engine=engine)
             measuring = True
             held = drafts_allocated_bytes(engine)  # copies a strategy drops mid-cell still count at their peak
-            if batch == 1:
-                for pid, ids in prompts:
-                    engine.begin_request(request(pid, ids))
-                    outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
-                    all_samples.append(list(engine.samples))
-                steps = all_samples
-            else:
-                outputs, all_samples, steps = batching.decode_batches(
-                    engine, strategy, [request(pid, ids) for pid, ids in prompts], batch)
+            outputs, all_samples, steps = batching.decode_cell(engine, strategy, prompts, request, batch)
             row.strategy_device_bytes_allocated = max(held, drafts_allocated_bytes(engine))
             fill_metrics(row, engine, strategy, all_samples)
             batching.fill_batch_metrics(row, engine, steps, batch)
