@@ -4,6 +4,7 @@ read back with pandas (``read_csv``, ``read_json``, ``read_json(lines=True)``)."
 
 from __future__ import annotations
 
+from specterbench.analysis.report import render_markdown, summary_table
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import ResultRow
 
@@ -24,17 +25,13 @@ def check_format(name: str) -> str:
 
 def machine_frame(rows: list[ResultRow]):
     """The table as a program reads it: every column of the wide table, plain values, no markdown."""
-    from specterbench.analysis.report import summary_table
-
     return summary_table(rows)
 
 
 def render(rows: list[ResultRow], fmt: str, wide: bool = False) -> str:
-    """The table of ``rows`` in ``fmt`` (:data:`FORMATS`); md is :func:`~specterbench.analysis.report.render_markdown`."""
+    """The table of ``rows`` in ``fmt`` (:data:`FORMATS`); md: :func:`~specterbench.analysis.report.render_markdown`."""
     check_format(fmt)
     if fmt == "md":
-        from specterbench.analysis.report import render_markdown
-
         return render_markdown(rows, wide=wide)
     df = machine_frame(rows)
     if fmt == "csv":

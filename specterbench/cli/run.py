@@ -143,9 +143,8 @@ def _writable(run_dir: Path) -> None:
 
 
 def cmd_run(args) -> int:
-    from specterbench.runfiles import rundir
-
     from specterbench.analysis.formats import check_format
+    from specterbench.runfiles import rundir
 
     check_format(args.output)  # before a folder is made or anything loads
     host = get_host()
