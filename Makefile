@@ -18,6 +18,7 @@ CLOCK ?= modeled
 DECODE ?= sample
 TEMPERATURE ?= 1.0
 GEOMETRY ?= auto
+GPU_MEMORY ?=
 BENCH_ARGS ?=
 GRID ?= examples/grid.toml
 EVAL_MODEL ?= tiny-mixtral,tiny-qwen-moe
@@ -90,7 +91,7 @@ bench:
 	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) --budgets '$(BUDGETS)' \
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
 	  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) \
-	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(BENCH_ARGS)
+	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(if $(GPU_MEMORY),--gpu-memory '$(GPU_MEMORY)') $(BENCH_ARGS)
 
 readme:
 	$(BIN)/specterbench readme $(README_ARGS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specterbench.bench.device_memory import size_text
 from specterbench.bench.nvml import nvml_columns
 from specterbench.runfiles.reference import workload_lines
 from specterbench.runfiles.results import ResultRow, integrity_problems, read_rows
@@ -25,6 +26,19 @@ def _mb(n) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
 
 
+def budget_text(r: ResultRow) -> str:
+    """A row's budget: its share of expert bytes (and bytes); on a card (``--gpu-memory``) the card, the experts'
+    bytes it leaves at the priced geometry, and for a layer split the MoE layers it keeps on the device."""
+    plan = r.extra.get("device_plan")
+    if not plan:
+        return (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
+                f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)")
+    text = f"{size_text(plan['card_bytes'])} card: {_mb(plan['expert_bytes'])} experts"
+    if "n_cpu_moe" in r.extra and "moe_layers" in r.extra:
+        text += f", {r.extra['moe_layers'] - r.extra['n_cpu_moe']}/{r.extra['moe_layers']} layers"
+    return text
+
+
 def summary_table(rows: list[ResultRow]):
     """The bench table: one line per (model, strategy, budget), medians over repeats."""
     import pandas as pd
@@ -37,8 +51,7 @@ def summary_table(rows: list[ResultRow]):
             "model": (r.model if r.geometry == r.model else f"{r.model} @ {r.geometry} geometry (projection)")
             + ("" if r.precision == "bf16" else f", {r.precision}"),
             "strategy": r.display_label,
-            "budget": (f"{r.budget_fraction:.0%} ({_mb(r.budget_bytes)})" if r.geometry == r.model else
-                       f"{r.budget_fraction:.0%} ({_mb(r.budget_fraction * r.priced_total_expert_bytes)} priced)"),
+            "budget": budget_text(r),
             "_frac": r.budget_fraction,
             "clock": clock,
             "workload": r.workload,

@@ -13,10 +13,12 @@ share of Mixtral-8x7B's expert bytes, applied to the stand-in's own experts.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
 
+from specterbench.bench.budget import Budget
 from specterbench.engine.geometry import Geometry
 from specterbench.errors import BudgetError, UsageError
 
@@ -48,6 +50,60 @@ def gib(nbytes: float) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
+def size_text(nbytes: int) -> str:
+    """A card's size as users write it: ``24GiB``, ``80GB``, else GiB to one decimal."""
+    if nbytes % GIB == 0:
+        return f"{nbytes // GIB}GiB"
+    if nbytes % 10**9 == 0:
+        return f"{nbytes // 10**9}GB"
+    return f"{nbytes / GIB:.1f}GiB"
+
+
+def card_budgets(text: str, reserve: str | None = None, flag: str = "--gpu-memory") -> list[Budget]:
+    """``24GiB,48GiB`` → one card budget each (a size without a unit is refused); ``reserve``: ``--gpu-reserve``."""
+    reserve_bytes = None if reserve in (None, "") else parse_memory(reserve, "--gpu-reserve")
+    sizes = [part.strip() for part in str(text).split(",") if part.strip()]
+    if not sizes:
+        raise UsageError(f"{flag} is empty; give card sizes with a unit, e.g. {flag} 24GiB,48GiB")
+    return [Budget(size_text(n), card_bytes=n, card_reserve=reserve_bytes) for n in (parse_memory(s, flag)
+                                                                                    for s in sizes)]
+
+
+def with_profile_memory(budgets, profile, reserve: str | None = None) -> tuple[Budget, ...]:
+    """``--budgets device``: the hardware profile's memory as a card budget (named ``device (40GiB)``)."""
+    reserve_bytes = None if reserve in (None, "") else parse_memory(reserve, "--gpu-reserve")
+    n = profile.device_memory_bytes
+    return tuple(Budget(f"device ({size_text(n)})", card_bytes=n,
+                        card_reserve=b.card_reserve if reserve_bytes is None else reserve_bytes)
+                 if b.card_bytes == 0 else b for b in budgets)
+
+
+def _largest(value, default: int) -> int:
+    """The largest of an int or a tuple of ints (an axis a run may sweep), or ``default`` when absent."""
+    if value is None:
+        return default
+    return max(value) if isinstance(value, (tuple, list)) else int(value)
+
+
+def resolve_cards(budgets, engine, longest_prompt: int, new_tokens: int, config=None) -> tuple[Budget, ...]:
+    """Each card budget with its fraction of expert bytes and its :class:`DevicePlan`, for ``engine``'s priced
+    geometry and precision at the cell's context: the longest prompt, the context depth (when the run has one) and
+    the new tokens, for every request of a batch (when the run has one); the largest forward is the prompt's
+    prefill. Other budgets pass through. A card too small is one BudgetError line."""
+    depth = _largest(getattr(config, "depth", None), 0)
+    batch = _largest(getattr(config, "batch", None), 1)
+    out = []
+    for b in budgets:
+        if b.card_bytes is None:
+            out.append(b)
+            continue
+        p = plan(engine.geometry, b.card_bytes, context_tokens=longest_prompt + depth + new_tokens, batch=batch,
+                 forward_tokens=longest_prompt, dense_bits=float(engine.precision.dense_bits),
+                 reserve_bytes=DEFAULT_RESERVE_BYTES if b.card_reserve is None else b.card_reserve)
+        out.append(dataclasses.replace(b, fraction=min(1.0, p.fraction), plan=p))
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class DevicePlan:
     """How a card's bytes are spent in one cell (all at the priced geometry)."""
@@ -59,10 +115,22 @@ class DevicePlan:
     reserve_bytes: int  # runtime context, allocator slack, workspaces
     expert_bytes: int  # what is left: the expert budget (never negative)
     total_expert_bytes: int  # all expert bytes of the priced model
+    context_tokens: int = 0  # each request's KV length: prompt + depth + new tokens
+    batch: int = 1  # requests whose KV the card holds
 
     @property
     def fraction(self) -> float:
         return self.expert_bytes / self.total_expert_bytes if self.total_expert_bytes else 0.0
+
+    def as_dict(self, geometry: Geometry) -> dict:
+        """The plan as a row records it (``extra["device_plan"]``), with the whole MoE layers the experts' share
+        holds (a layer split's unit) of the priced model's."""
+        return {"card_bytes": self.device_bytes, "dense_bytes": self.dense_bytes, "kv_bytes": self.kv_bytes,
+                "activation_bytes": self.activation_bytes, "reserve_bytes": self.reserve_bytes,
+                "expert_bytes": min(self.expert_bytes, self.total_expert_bytes),
+                "layers_resident": self.layers_resident(geometry),
+                "moe_layers": round(geometry.moe_layers * geometry.layer_scale),
+                "context_tokens": self.context_tokens, "batch": self.batch}
 
     def layers_resident(self, geometry: Geometry) -> int:
         """How many whole MoE layers of experts the budget holds (a layer split's unit)."""
@@ -106,5 +174,6 @@ def plan(g: Geometry, device_bytes: int, *, context_tokens: int, batch: int = 1,
         raise BudgetError(f"a {gib(device_bytes)} card does not hold {g.name}'s dense weights ({gib(dense)}), the KV "
                           f"cache of {batch} request(s) of {context_tokens} tokens ({gib(kv)}), activations "
                           f"({gib(act)}) and the {gib(reserve_bytes)} reserve; the smallest that fits is {need} GiB "
-                          f"(or shorten the context, lower --dense-bits or --reserve)")
-    return DevicePlan(device_bytes, dense, kv, act, reserve_bytes, device_bytes - fixed, g.all_expert_bytes)
+                          f"(or shorten the context, lower --dense-bits or --gpu-reserve)")
+    return DevicePlan(device_bytes, dense, kv, act, reserve_bytes, device_bytes - fixed, g.all_expert_bytes,
+                      context_tokens, batch)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from specterbench.bench.budget import parse_budget
 from specterbench.bench.config import BenchConfig, resolve_geometry
+from specterbench.bench.device_memory import card_budgets, parse_memory, with_profile_memory
 from specterbench.bench.runner import Runner
 from specterbench.engine.precision import Precision
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
@@ -33,7 +34,7 @@ DEFAULT_PROFILE = "a100-40g-pcie4"  # as ``specterbench run``
 # TOML key -> Grid field, for the axes (a scalar or a list of values; a list expands to cells)
 AXES = {"models": "models", "strategies": "strategies", "budgets": "budgets", "profiles": "profiles",
         "geometry": "geometries", "seeds": "seeds", "tokens": "tokens", "prompts": "prompts",
-        "workload": "workloads"}
+        "workload": "workloads", "gpu_memory": "budgets"}
 # TOML key -> BenchConfig field, for settings shared by every cell (one value each)
 SETTINGS = {"clock": str, "host_profile": str, "calibration": str, "max_prompt_tokens": int, "repeats": int,
             "device": str, "threads": int, "warmup": bool}
@@ -93,14 +94,15 @@ def _values(source: str, key: str, value, kind: type) -> tuple:
 def parse_grid(data: dict, source: str = "<grid>") -> Grid:
     """A :class:`Grid` from the TOML's table; an unknown key or a malformed value is a one-line UsageError."""
 
-    known = [*AXES, *SETTINGS, *DECODE_KEYS, *PRECISION_KEYS, "strategy_options"]
+    known = [*AXES, *SETTINGS, *DECODE_KEYS, *PRECISION_KEYS, "gpu_reserve", "strategy_options"]
     for key in data:
         if key not in known:
             raise UsageError(f"{source}: unknown key {key!r}; {_did_you_mean(key, known)}"
                              f"known keys: {', '.join(known)}")
     for key in ("models", "strategies", "budgets"):
-        if key not in data:
-            raise UsageError(f"{source}: no {key!r}; a grid names at least models, strategies and budgets")
+        if key not in data and not (key == "budgets" and "gpu_memory" in data):
+            raise UsageError(f"{source}: no {key!r}; a grid names at least models, strategies and budgets (or "
+                             f"gpu_memory)")
     kw: dict[str, Any] = {"source": source}
     for key in ("models", "strategies", "profiles", "workload"):
         if key in data:
@@ -109,11 +111,11 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
         if key in data:
             kw[AXES[key]] = _values(source, key, data[key], int)
     budgets = []
-    for b in _values(source, "budgets", data["budgets"], object):
+    for b in _values(source, "budgets", data["budgets"], object) if "budgets" in data else ():
         if isinstance(b, bool) or not isinstance(b, (str, int, float)):
             raise UsageError(f"{source}: budgets takes '35%', 0.35 or '120MB', got {b!r}")
         budgets.append(parse_budget(str(b)))
-    kw["budgets"] = tuple(budgets)
+    kw["budgets"] = card_axis(source, data, tuple(budgets))
     if "geometry" in data:
         kw["geometries"] = tuple(None if g in (OWN_GEOMETRY, "") else g
                                  for g in _values(source, "geometry", data["geometry"], str))
@@ -158,6 +160,24 @@ def parse_grid(data: dict, source: str = "<grid>") -> Grid:
                          for opt, v in table.items()}
     kw["strategy_options"] = parsed
     return Grid(**kw)
+
+
+def card_axis(source: str, data: dict, budgets: tuple) -> tuple:
+    """``budgets`` and, for ``gpu_memory = ["24GiB", "48GiB"]``, card budgets beside them (``gpu_reserve``: the
+    runtime reserve of every card budget, ``budgets = ["device"]`` included: the profile's memory)."""
+    reserve = data.get("gpu_reserve")
+    if reserve is not None and not isinstance(reserve, str):
+        raise UsageError(f"{source}: gpu_reserve takes one size with a unit, e.g. '1GiB', got {reserve!r}")
+    try:
+        reserve_bytes = None if reserve is None else parse_memory(reserve, "gpu_reserve")
+        budgets = tuple(dataclasses.replace(b, card_reserve=reserve_bytes) if b.card_bytes == 0 else b
+                        for b in budgets)
+        if "gpu_memory" not in data:
+            return budgets
+        sizes = _values(source, "gpu_memory", data["gpu_memory"], str)
+        return budgets + tuple(card_budgets(",".join(sizes), reserve, flag="gpu_memory"))
+    except UsageError as err:
+        raise UsageError(f"{source}: {err}") from None
 
 
 def load_grid(path) -> Grid:
@@ -251,6 +271,7 @@ def expand(grid: Grid, host: "PluginHost") -> list[Cell]:
                            workload=workload, prompts=prompts, tokens=tokens, seed=seed,
                            **grid.settings)
         base.validate(host)
+        base = dataclasses.replace(base, budgets=with_profile_memory(base.budgets, host.profiles().get(profile)))
         for sname in strategies:
             for opts in combos[sname]:
                 cfg = dataclasses.replace(base, strategies=(sname,), strategy_options={sname: opts} if opts else {})

@@ -18,6 +18,7 @@ from specterbench.bench.budget import Budget
 from specterbench.bench.cell_metrics import TokenNumerics, check_tokens, fill_metrics, peak_rss_bytes, samples_of
 from specterbench.bench.checks import check_context, check_device_memory, check_workload_size
 from specterbench.bench.config import BenchConfig
+from specterbench.bench.device_memory import resolve_cards
 from specterbench.bench.failures import describe_failure, where
 from specterbench.bench.progress import CellProgress
 from specterbench.bench.resident import Reference, reference_strategy
@@ -102,6 +103,7 @@ class Runner:
                          if r.status != "error"}
         self.rows: list[ResultRow] = []
         self._host_pool: HostPool | None = None  # one pool for host experts per run (CUDA)
+        self.budgets = config.budgets  # a card's memory resolved per model (device_memory.resolve_cards)
 
     @property
     def writer(self) -> RowWriter:
@@ -154,15 +156,18 @@ class Runner:
             if not todo:
                 continue
             engine = self.load_engine(model_name)
-            self.check_budgets(engine)
             prompts = encode_prompts(engine, texts, cfg.max_prompt_tokens)
             check_context(engine, prompts, cfg.tokens)
+            self.budgets = resolve_cards(cfg.budgets, engine, max(len(ids) for _, ids in prompts), cfg.tokens, cfg)
+            self.check_budgets(engine)
             self.check_device_memory(engine, prompts)  # before minutes of reference and calibration passes
             reference = self.record_reference(engine, prompts)
             write_reference(self.run_dir, model=model_name, workload=cfg.workload, decode=cfg.decode,
                             prompts=prompts, reference=reference, tokenizer=engine.tokenizer, top_k=engine.top_k)
             calibration = None
+            resolved = {b.key(): b for b in self.budgets}
             for key, sname, cls, budget, repeat in todo:
+                budget = resolved.get(budget.key(), budget)
                 if cls.uses_calibration and calibration is None:
                     calibration = self.calibrate(engine)
                 eta.start(f"{model_name} · {strategy_label(sname, cfg.strategy_options.get(sname))} @ {budget.text}"
@@ -189,7 +194,7 @@ class Runner:
         """Every budget a cell of this run holds on the device, as (text, bytes): the run's budgets and the fixed
         ones of strategies like ``resident``."""
         total = engine.total_expert_bytes
-        out = {b.text: b.resolve(total) for b in self.config.budgets}
+        out = {b.text: b.resolve(total) for b in self.budgets if b.card_bytes is None or b.fraction is not None}
         for name in self.config.strategies:
             cls = self.host.strategies().get(name)
             if cls.fixed_budget_fraction is not None:
@@ -216,7 +221,7 @@ class Runner:
         with (:meth:`~specterbench.strategy.Strategy.min_budget`: one forward's top-k experts for most; nothing for
         those that compute every expert on the host): one line naming the strategy and the floor otherwise."""
         total = engine.total_expert_bytes
-        for b in self.config.budgets:
+        for b in self.budgets:
             nbytes = b.resolve(total)
             if nbytes > total:
                 raise BudgetError(f"budget {b.text} = {nbytes} bytes is above all expert bytes of {engine.name} "
@@ -227,7 +232,7 @@ class Runner:
                 continue
             options = dict(self.config.strategy_options.get(name, {}))
             floor = cls.min_budget(engine, options)
-            for b in self.config.budgets:
+            for b in self.budgets:
                 nbytes = b.resolve(total)
                 if nbytes < floor:
                     able = [n for n in self.config.strategies if n != name
@@ -308,6 +313,8 @@ class Runner:
             options = cfg.strategy_options.get(sname, {})
             if options:
                 row.extra["strategy_options"] = dict(options)
+            if budget.plan is not None:  # a card's memory: how its bytes were spent
+                row.extra["device_plan"] = budget.plan.as_dict(engine.geometry)
             strategy = cls(**options)
             engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine, self._host_pool))
             engine.setup_graphs(cfg.cuda_graphs)

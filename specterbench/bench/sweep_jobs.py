@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specterbench.bench import runner as runner_module
+from specterbench.bench.device_memory import resolve_cards
 from specterbench.bench.grid import Cell, SharedJob
 from specterbench.bench.runner import Runner
 from specterbench.engine.geometry import project
@@ -76,6 +77,10 @@ def record_shared(job: SharedJob):
         return runner.calibrate(engine)
     prompts = runner_module.encode_prompts(engine, runner_module.load_prompts(cfg.workload, cfg.prompts),
                                            cfg.max_prompt_tokens)
+    try:  # the reference's cache on a GPU is sized by the largest budget, a card's too
+        runner.budgets = resolve_cards(cfg.budgets, engine, max(len(ids) for _, ids in prompts), cfg.tokens, cfg)
+    except BudgetError:
+        pass  # a card too small: its cells refuse it, each in its row
     reference = runner.record_reference(engine, prompts)
     return SharedReference(f"{_worker_id()}:{time.time_ns()}", prompts, reference, engine.total_expert_bytes)
 
@@ -89,14 +94,18 @@ def run_cell(cell: Cell, run_dir: str, shared: SharedReference, calibration=None
     host, runner, engine = _worker(cfg, run_dir)
     torch.manual_seed(cfg.seed)
     cls = host.strategies().get(cell.strategy)
+    budget = cell.budget
     try:
+        runner.budgets = resolve_cards(cfg.budgets, engine, max(len(ids) for _, ids in shared.prompts), cfg.tokens,
+                                       cfg)  # a card's memory, at this cell's context
+        budget = runner.budgets[0]
         if cls.fixed_budget_fraction is None:
             runner.check_budgets(engine)
     except BudgetError as err:
         row = error_row(host, cell, Path(run_dir).name, _WORKER["env"], f"BudgetError: {err}",
                         engine.total_expert_bytes)
     else:
-        row = runner.run_cell(engine, cell.key, cell.strategy, cls, cell.budget, cell.repeat, shared.prompts,
+        row = runner.run_cell(engine, cell.key, cell.strategy, cls, budget, cell.repeat, shared.prompts,
                               shared.reference, calibration)
     row.extra["sweep"] = {"executor": executor, "worker": _worker_id(), "reference": shared.id}
     return row
@@ -109,7 +118,8 @@ def error_row(host: "PluginHost", cell: Cell, run_id: str, env: dict, reason: st
     entry = host.strategies().entry(cell.strategy)
     cls = entry.obj
     total = total_expert_bytes or 0
-    nbytes = budget.resolve(total) if total else (budget.nbytes or 0)
+    unresolved = budget.card_bytes is not None and budget.fraction is None  # a card refused before it was sized
+    nbytes = budget.resolve(total) if total and not unresolved else (budget.nbytes or 0)
     fraction = budget.fraction if budget.fraction is not None else (nbytes / total if total else 0.0)
     geometry = cfg.geometry or cell.model
     row = ResultRow(

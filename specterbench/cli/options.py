@@ -156,3 +156,38 @@ def dated_folder(out: Path, base: str, args) -> Path:
         args.claimed_folder = True
         return path
     raise UsageError(f"{out}: a thousand runs named {base}*; give --run-id")
+
+
+def add_card_arguments(parser) -> None:
+    """``--gpu-memory`` and ``--gpu-reserve``: budgets as what a card of that memory leaves for experts
+    (:mod:`specterbench.bench.device_memory`)."""
+    parser.add_argument("--gpu-memory", default=None, metavar="SIZES", help="card sizes with a unit, e.g. 24GiB or "
+                        "24GiB,48GiB: each cell's expert budget is what the card holds after the dense weights at "
+                        "their precision, every request's KV cache at the cell's context, activations and "
+                        "--gpu-reserve (at the priced geometry). In place of --budgets' default; with --budgets "
+                        "given too, both run. --budgets device takes the --profile's memory")
+    parser.add_argument("--gpu-reserve", default=None, metavar="SIZE", help="the runtime's own device memory on a "
+                        "card budget (CUDA context, allocator slack, workspaces; default 1GiB, docs/clock.md)")
+
+
+def run_budgets(args, host, flag: str = "--budgets") -> tuple:
+    """The budgets of ``--budgets`` and ``--gpu-memory`` (``device``: the profile's memory), each once."""
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.device_memory import card_budgets, parse_memory, with_profile_memory
+    from specterbench.runfiles.rundir import explicit_dests
+
+    budgets = [parse_budget(b) for b in csv_list(args.budgets)]
+    reserve = getattr(args, "gpu_reserve", None)
+    if getattr(args, "gpu_memory", None):
+        cards = card_budgets(args.gpu_memory, reserve)
+        argv = getattr(args, "argv", None)
+        given = argv is not None and "budgets" in explicit_dests(argv, ["budgets"])
+        budgets = budgets + cards if given else cards
+    elif reserve:
+        parse_memory(reserve, "--gpu-reserve")
+        if not any(b.card_bytes is not None for b in budgets):
+            raise UsageError("--gpu-reserve sizes a card's runtime reserve, but no budget is a card; add "
+                             "--gpu-memory 24GiB (or --budgets device), or drop --gpu-reserve")
+    if any(b.card_bytes == 0 for b in budgets):
+        budgets = list(with_profile_memory(budgets, host.profiles().get(args.profile_name), reserve))
+    return fold(flag, budgets, key=lambda b: b.key(), show=lambda b: b.text)

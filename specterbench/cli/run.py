@@ -6,8 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from specterbench.bench.budget import parse_budget
 from specterbench.cli.options import (
+    add_card_arguments,
     add_decode_arguments,
     add_output_argument,
     add_precision_arguments,
@@ -17,6 +17,7 @@ from specterbench.cli.options import (
     fold,
     precision_setting,
     report_files,
+    run_budgets,
     strategy_options,
 )
 from specterbench.engine.graphs import SETTINGS as GRAPH_SETTINGS
@@ -38,8 +39,7 @@ def run_config(args, host):
     if not csv_list(args.budgets):
         raise UsageError("--budgets is empty; give e.g. --budgets 35%,50%")
     strategies = host.strategies().names() if args.strategies == "all" else csv_list(args.strategies)
-    budgets = fold("--budgets", [parse_budget(b) for b in csv_list(args.budgets)], key=lambda b: b.key(),
-                    show=lambda b: b.text)
+    budgets = run_budgets(args, host)
     config = BenchConfig(
         models=fold("--model", csv_list(args.model)), strategies=fold("--strategies", strategies),
         budgets=budgets, profile=args.profile_name, clock=args.clock,
@@ -236,7 +236,8 @@ def add_parser(sub) -> None:
                    "local:<folder>), or the files of a named preset (--model mixtral)")
     s.add_argument("--strategies", "--strategy", dest="strategies", default="all",
                    help="comma-separated names, or 'all'")
-    s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB")
+    s.add_argument("--budgets", default="35%,50%", help="e.g. 35%%,50%% or 0.35 or 120MB, or 'device' "
+                   "(what --profile's memory leaves for experts; see --gpu-memory)")
     s.add_argument("--profile", default="a100-40g-pcie4", help="hardware profile of the modeled clock")
     s.add_argument("--geometry", default="auto", help="price the routing at a real model's sizes: mixtral, qwen-moe, "
                    "deepseek-v2-lite, olmoe, phi-moe (a modeled projection); 'auto' (default): the model an "
@@ -262,6 +263,7 @@ def add_parser(sub) -> None:
                    "Rows record cuda_graphs and cuda_graphs_reason")
     add_decode_arguments(s)
     add_precision_arguments(s)
+    add_card_arguments(s)
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--wide", action="store_true", help="print every column of the table (default: a compact table "
                    "that fits 160 columns; summary.md always has every column)")

@@ -47,3 +47,48 @@ def test_memory_sizes_take_their_unit(text, nbytes):
 def test_a_memory_size_without_a_unit_or_not_positive_is_one_line(text):
     with pytest.raises(UsageError, match="--gpu-memory"):
         parse_memory(text)
+
+
+def test_a_card_budget_is_the_planned_share_of_the_priced_experts_applied_to_the_stand_in():
+    from support import tiny_engine
+
+    from specterbench.bench.budget import Budget
+    from specterbench.bench.device_memory import card_budgets, resolve_cards
+    from specterbench.engine.geometry import project
+
+    engine = tiny_engine("mixtral")
+    engine.geometry = project(engine.own_geometry, "mixtral")
+    (card,) = card_budgets("24GiB")
+    (resolved, share) = resolve_cards((card, Budget("35%", fraction=0.35)), engine, 60, 4)
+    expected = plan(engine.geometry, 24 * GIB, context_tokens=64, forward_tokens=60)
+    assert resolved.plan == expected and resolved.key() == card.key() == f"card{24 * GIB}B"
+    assert resolved.fraction == pytest.approx(expected.expert_bytes / MIXTRAL.all_expert_bytes)
+    assert resolved.resolve(engine.total_expert_bytes) == int(resolved.fraction * engine.total_expert_bytes)
+    assert share.fraction == 0.35 and share.plan is None
+    big = resolve_cards(card_budgets("400GB"), engine, 60, 4)[0]  # more than every expert: all of them
+    assert big.fraction == 1.0 and big.plan.as_dict(engine.geometry)["layers_resident"] == 32
+
+
+def test_the_context_depth_and_batch_of_a_run_take_their_kv_out_of_the_card():
+    from types import SimpleNamespace
+
+    from support import tiny_engine
+
+    from specterbench.bench.device_memory import card_budgets, resolve_cards
+    from specterbench.engine.geometry import project
+
+    engine = tiny_engine("mixtral")
+    engine.geometry = project(engine.own_geometry, "mixtral")
+    cards = card_budgets("24GiB")
+    plain = resolve_cards(cards, engine, 60, 4)[0].plan
+    deep = resolve_cards(cards, engine, 60, 4, SimpleNamespace(depth=(0, 4096), batch=2))[0].plan
+    assert (deep.context_tokens, deep.batch) == (60 + 4096 + 4, 2)
+    assert plain.expert_bytes - deep.expert_bytes == (kv_bytes_per_token(MIXTRAL) * ((60 + 4096 + 4) * 2 - 64)
+                                                      + 60 * (12 * 4096 * 2 + 4 * 32000))
+
+
+def test_a_card_budget_outside_a_run_is_one_line():
+    from specterbench.bench.device_memory import card_budgets
+
+    with pytest.raises(UsageError, match="a card's memory"):
+        card_budgets("24GiB")[0].resolve(10**9)
