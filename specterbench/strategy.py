@@ -65,6 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
+from specterbench.engine.batch import decode_batch
 from specterbench.engine.cache import FETCH, ON_HOST, SUBSTITUTE, ExpertKey, PrefetchResult
 from specterbench.engine.numerics import NumericsGuide
 from specterbench.engine.sampling import GREEDY, DecodeSetting, TokenSampler
@@ -260,8 +261,6 @@ class Strategy:
     def generate_batch(self, engine: "Engine", requests: Sequence[Request]) -> list[list[int]]:
         """The requests of a batch decoded together, one batched forward per step (see "Batched steps" above);
         each request's tokens, in batch order. Only called with ``len(requests) <= max_batch``."""
-        from specterbench.engine.batch import decode_batch
-
         return decode_batch(engine, requests)
 
     def metrics(self) -> dict[str, float]:
