@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specterbench.engine.geometry import geometry_preset
+from specterbench.engine.host_kernels import precision_of_bits
 from specterbench.engine.precision import Precision
 from specterbench.errors import UsageError
 
@@ -113,7 +114,9 @@ def load_record(host, path: Path | str = RECORD) -> list[Measurement]:
                     cls.validate_options(dict(m.options))
                 cls.check_profile(host.profiles().get(m.profile), dict(m.options))
                 if m.host_profile is not None:
-                    cls.check_host_profile(host.host_profiles().get(m.host_profile), dict(m.options))
+                    cpu = host.host_profiles().get(m.host_profile)
+                    cls.check_host_profile(cpu, dict(m.options))
+                    cpu.kernel_rate(precision_of_bits(m.precision.expert_bits))  # its host experts' rate
                 _check_budget(m, host)
         except UsageError as err:
             raise UsageError(f"{where}: {err}") from None
