@@ -163,8 +163,8 @@ def _check_budget(m: Measurement, host) -> None:
         raise UsageError("budget needs exactly one of slots_per_layer, device_memory, fraction")
     if "slots_per_layer" in b and not (isinstance(b["slots_per_layer"], int) and b["slots_per_layer"] > 0):
         raise UsageError(f"slots_per_layer must be a positive integer, got {b['slots_per_layer']!r}")
-    if "fraction" in b and not (isinstance(b["fraction"], (int, float)) and 0 < b["fraction"] <= 1):
-        raise UsageError(f"budget fraction must be in (0, 1], got {b['fraction']!r}")
+    if "fraction" in b and not (isinstance(b["fraction"], (int, float)) and 0 <= b["fraction"] <= 1):
+        raise UsageError(f"budget fraction must be in [0, 1] (0: no expert on the device), got {b['fraction']!r}")
     reserve = b.get("reserve_gib", 0.0)
     if not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
         raise UsageError(f"reserve_gib must be a finite number >= 0, got {reserve!r}")
