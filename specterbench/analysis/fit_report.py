@@ -18,6 +18,10 @@ def _where(points: list[FitPoint]) -> tuple[str, str]:
     return clock_label(r), r.geometry_label
 
 
+def _released(p: FitPoint) -> bool:
+    return p.row is not None and bool(p.row.extra.get("draft_released"))
+
+
 def _short_geometry(points: list[FitPoint]) -> str:
     """``tiny-mixtral's routing priced at mixtral geometry (projection)`` or ``tiny-x (own geometry)``."""
     r = next((p.row for p in points if p.row is not None), None)
@@ -41,11 +45,15 @@ def fit_table(points: list[FitPoint]) -> str:
     for size, top in best(points).items():
         cells = []
         for s in strategies:
-            v = by[(size, s)].tokens_per_s
-            cells.append("-" if v is None else f"{v:.2f}")
+            p = by.get((size, s))
+            v = None if p is None else p.tokens_per_s
+            cells.append("-" if v is None else f"{v:.2f}" + ("*" if _released(p) else ""))
         head = (f"| {size_text(size)} | {top.strategy} | {top.setting()} | {top.tokens_per_s:.2f} |" if top else
                 f"| {size_text(size)} | nothing fits | - | - |")
         lines.append(head + " " + " | ".join(cells) + " |")
+    if any(_released(p) for p in points):
+        lines.append("\n\\* draft released: the speculative strategy dropped its draft and ran as its own "
+                     "non-speculative ablation there")
     seen = set()
     for p in points:
         reason = p.reason or (None if p.row is None or p.row.status == "ok" else f"{p.row.status}: {p.row.error}")
@@ -74,7 +82,9 @@ def fit_plot(points: list[FitPoint], path: Path) -> Path | None:
     sizes = sorted({p.card_bytes for p in points})
     for s in draw_order(lines):
         xs, ys = zip(*sorted(lines[s]))
-        ax.plot(xs, ys, label=s, **style(s).kwargs())
+        released = sorted(p.card_bytes for p in points if p.strategy == s and _released(p))
+        note = f" (draft released at {', '.join(size_text(n) for n in released)})" if released else ""
+        ax.plot(xs, ys, label=s + note, **style(s).kwargs())
     ax.set_xticks([n / 1e9 for n in sizes], [size_text(n) for n in sizes], fontsize=7)
     ax.set_xlabel("device memory (card size): dense weights, KV cache, activations\nand the runtime reserve come "
                   "first, the experts get the rest", fontsize=8)

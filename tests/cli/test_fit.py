@@ -51,6 +51,10 @@ def test_the_best_point_is_the_most_tokens_per_s_and_a_size_where_nothing_ran_ha
     points = [FitPoint(8, "a", reason="too small"), FitPoint(16, "a", row(2.0)), FitPoint(16, "b", row(3.0))]
     top = best(points)
     assert top[8] is None and top[16].strategy == "b"
+    released = row(3.0)
+    released.extra["draft_released"] = True  # it ran as its ablation: a tie names the strategy that ran
+    assert best([FitPoint(32, "specter", released), FitPoint(32, "cpu-experts", row(3.0))])[32].strategy == \
+        "cpu-experts"
 
 
 @pytest.mark.parametrize("args, message", [
