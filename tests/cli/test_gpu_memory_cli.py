@@ -100,3 +100,11 @@ def test_a_batch_axis_puts_its_largest_batchs_kv_on_the_card_once(host, tmp_path
         assert p["batch"] == 2
         assert p["kv_bytes"] == kv_bytes_per_token(geometry_preset("mixtral")) * p["context_tokens"] * 2
         assert "kv_bytes" not in r["extra"]
+
+
+def test_a_card_run_resumes_with_its_saved_card(host, tmp_path, capsys):
+    code, _, err = run(tmp_path, capsys, "--gpu-memory", "48GiB", "--strategies", "lru")
+    assert code == 0, err
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    rows = (tmp_path / "r" / "rows.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and json.loads(rows[0])["extra"]["device_plan"]["card_bytes"] == 48 * GIB
