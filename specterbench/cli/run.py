@@ -9,6 +9,7 @@ from pathlib import Path
 from specterbench.cli.options import (
     add_card_arguments,
     add_decode_arguments,
+    add_output_argument,
     add_precision_arguments,
     csv_list,
     dated_folder,
@@ -26,6 +27,7 @@ from specterbench.plugins.host import get_host
 
 def run_config(args, host):
     """The :class:`BenchConfig` of parsed ``run`` options (validated: a bad input is one UsageError line)."""
+    from specterbench.bench.batching import parse_batches, run_prompts
     from specterbench.bench.config import BenchConfig
 
     if args.tokens <= 0:
@@ -38,19 +40,24 @@ def run_config(args, host):
     if not csv_list(args.budgets):
         raise UsageError("--budgets is empty; give e.g. --budgets 35%,50%")
     strategies = host.strategies().names() if args.strategies == "all" else csv_list(args.strategies)
+    batches = parse_batches(args.batch)
     budgets = run_budgets(args, host)
     config = BenchConfig(
         models=fold("--model", csv_list(args.model)), strategies=fold("--strategies", strategies),
         budgets=budgets, profile=args.profile_name, clock=args.clock,
         geometry=args.geometry or None, host_profile=args.host_profile,
-        workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
+        workload=args.workload, prompts=run_prompts(args.prompts, batches), tokens=args.tokens,
+        repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup,
         strategy_options=strategy_options(args.set),
-        decode=decode_setting(args), precision=precision_setting(args), cuda_graphs=args.cuda_graphs)
+        decode=decode_setting(args), precision=precision_setting(args), cuda_graphs=args.cuda_graphs,
+        batches=batches)
     config.validate(host)
+    from specterbench.bench.batching import check_batches
     from specterbench.bench.checks import check_workload_size
     from specterbench.bench.runner import load_prompts
 
+    check_batches(batches, config.workload, len(load_prompts(config.workload, max(batches))))
     check_workload_size(config.workload, config.prompts, load_prompts(config.workload, config.prompts))
     return config
 
@@ -142,8 +149,10 @@ def _writable(run_dir: Path) -> None:
 
 
 def cmd_run(args) -> int:
+    from specterbench.analysis.formats import check_format
     from specterbench.runfiles import rundir
 
+    check_format(args.output)  # before a folder is made or anything loads
     host = get_host()
     argv = getattr(args, "argv", [])
     run_dir = _run_folder(args, argv, host)
@@ -167,7 +176,8 @@ def cmd_run(args) -> int:
 
 
 def _run_in(args, host, config, run_dir: Path) -> int:
-    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.analysis.formats import render
+    from specterbench.analysis.report import write_summary
     from specterbench.bench.runner import Runner
     from specterbench.runfiles import rundir
 
@@ -204,19 +214,20 @@ def _run_in(args, host, config, run_dir: Path) -> int:
         from specterbench.runfiles.results import read_rows
 
         rows = read_rows(rows_path, allow_empty=True)
-        print(render_markdown(rows, wide=getattr(args, "wide", False)), end="")
+        print(render(rows, args.output, wide=getattr(args, "wide", False)), end="")
+        say = print if args.output == "md" else (lambda line: print(line, file=sys.stderr))  # stdout: the table
         for line in workload_lines(run_dir):
-            print(line)
-        print(f"rows: {rows_path}")
+            say(line)
+        say(f"rows: {rows_path}")
         with report_files(run_dir, f"specterbench report {run_dir}"):
-            print(f"summary: {write_summary(run_dir, rows)}")
+            say(f"summary: {write_summary(run_dir, rows)}")
             for plot in write_plots(run_dir, rows):
-                print(f"plot: {plot}")
+                say(f"plot: {plot}")
     if interrupted:
         print(f"specterbench: interrupted; {len(runner.rows)} finished rows kept in {run_dir}; continue with "
               f"--resume {run_dir}", file=sys.stderr)
         return 130
-    failed = [r for r in runner.rows if r.status != "ok"]
+    failed = [r for r in runner.rows if r.status not in ("ok", "unsupported")]  # unsupported: a row saying why
     if failed:
         print(f"specterbench: {len(failed)} row(s) failed: " +
               "; ".join(f"{r.strategy}@{r.budget_fraction:.0%}: {r.error}" for r in failed), file=sys.stderr)
@@ -259,8 +270,11 @@ def add_parser(sub) -> None:
     add_decode_arguments(s)
     add_precision_arguments(s)
     add_card_arguments(s)
+    s.add_argument("--batch", default="1", help="requests decoding together per cell, e.g. 1,4,16 (each a cell; "
+                   "prompts cut to the shortest, every request's KV charged to the budget; docs/results.md)")
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--wide", action="store_true", help="print every column of the table (default: a compact table "
                    "that fits 160 columns; summary.md always has every column)")
+    add_output_argument(s)
     s.set_defaults(func=cmd_run)
 
