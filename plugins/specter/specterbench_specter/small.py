@@ -37,12 +37,12 @@ from specterbench.strategy import FETCH, ON_HOST
 from .decoding import MAX_K, SpeculativeDecoding
 from .eviction import CacheOrder
 
-#: under a projection the draft is priced as a dense draft of the projected model's family at this size, with the
-#: projected model's vocabulary: 24 layers, hidden 1024, MLP 5632, 16 heads of 64 (4 KV heads) — about 0.5B
-#: parameters with Mixtral's 32000-token vocabulary, the size of the small drafts served beside such targets
 #: a proposal needs at least this probability under the draft, else the window stops before it: llama.cpp's default
 #: (``common_speculative_params::p_min`` in common/speculative.h, ``--draft-p-min``)
 P_MIN = 0.75
+#: under a projection the draft is priced as a dense draft of the projected model's family at this size, with the
+#: projected model's vocabulary: 24 layers, hidden 1024, MLP 5632, 16 heads of 64 (4 KV heads) — about 0.5B
+#: parameters with Mixtral's 32000-token vocabulary, the size of the small drafts served beside such targets
 PROJECTED_DRAFT = dict(hidden=1024, dense_intermediate=5632, layers=24, heads=16, kv_heads=4, head_dim=64)
 
 
@@ -181,9 +181,7 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
         """One draft, no fallback: ``check_budget`` refuses a budget it does not fit."""
 
     def draft_bytes(self, engine) -> int:
-        if self.sizes is None:
-            self.sizes = self.draft_sizes(engine, self.options)
-        return self.sizes["charged"]
+        return self.draft_sizes(engine, self.options)["charged"]
 
     def attach_draft(self, engine) -> None:
         self.draft = self.dense = None  # no self-draft copies: the separate model proposes
