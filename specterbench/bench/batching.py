@@ -45,8 +45,9 @@ def parse_batches(text: str) -> tuple[int, ...]:
 
 
 def run_prompts(prompts: int, batches: Sequence[int]) -> int:
-    """How many prompts a run with this batch axis decodes: enough for its largest batch."""
-    return max([prompts, *batches])
+    """How many prompts a run with this batch axis decodes: enough for its largest batch (a non-positive count is
+    left as given, for the config's own check to refuse)."""
+    return max([prompts, *batches]) if prompts > 0 else prompts
 
 
 def check_batches(batches: Sequence[int], workload: str, available: int) -> None:
