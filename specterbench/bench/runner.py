@@ -354,7 +354,7 @@ class Runner:
                 outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
                 all_samples.append(list(engine.samples))
             row.strategy_device_bytes_allocated = max(held, drafts_allocated_bytes(engine))
-            fill_metrics(row, engine, strategy, all_samples)
+            fill_metrics(row, engine, strategy, all_samples, [len(ids) for _, ids in prompts])
             check_tokens(row, outputs, reference, cls.lossless, TokenNumerics(
                 dict(prompts), engine.compute_dtype, layers, cfg.decode,
                 {pid: g.followed for pid, g in guides.items() if pid != reference.warmup[0]}))
