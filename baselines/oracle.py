@@ -58,6 +58,8 @@ class Oracle(Strategy):
     description = ("Belady eviction + perfect prefetch from the recorded reference routing: the bound for per-token, "
                    "fetch-only decoding")
     uses_reference_trace = True
+    max_batch = 1
+    max_batch_reason = "Belady over one request's recorded routing"
 
     def on_request_start(self, request):
         if request.reference_trace is None:

@@ -62,6 +62,7 @@ class OracleSpec(Oracle):
     description = ("the bound for speculative decoding with host execution: a free, always-accepted draft of 32, "
                    "each window's exact experts Belady-prefetched, misses on the host or fetched")
     uses_reference_trace = True
+    max_batch_reason = "one request's draft window verified at a time, Belady over its recorded routing"
 
     def attach(self, engine):
         super().attach(engine)

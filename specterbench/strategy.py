@@ -47,6 +47,15 @@ Decision points, in the order the engine calls them:
 expert not cached → ``place_miss`` → ``choose_victim`` when room is needed → ``after_layer`` → ``on_step_end``;
 ``on_copy_landed`` at the next layer boundary after a copy lands.
 
+Batched steps (``--batch B``): B requests of one prompt length decode together, one forward per step
+(:mod:`specterbench.engine.batch`). ``engine.batch`` is B during such a step; ``on_request_start`` is called for each
+request of the batch when it starts; ``on_step_start`` receives the step's B·T tokens; each MoE layer runs once
+over all of them, so ``before_layer`` sees the union of the requests' experts with each expert's token count over
+the whole batch, ``place_miss`` places an expert once for all the tokens routed to it, and ``engine.routing`` holds
+B·T rows, request-major (row ``b·T + t``); ``on_step_end`` receives the step's new token of every request, in batch
+order. A strategy that drives decoding itself (a speculative one) or follows one request's recorded routing (an
+oracle) declares ``max_batch`` (and ``max_batch_reason``); a cell past it is a row that says so, not an error.
+
 Default eviction: ``choose_victim`` evicts the least recently used expert of the whole pool (any layer); the
 ``lru`` baseline instead keeps per-layer quotas (mixtral-offloading).
 """
@@ -56,6 +65,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Sequence
 
+from specterbench.engine.batch import decode_batch
 from specterbench.engine.cache import FETCH, ON_HOST, SUBSTITUTE, ExpertKey, PrefetchResult
 from specterbench.engine.numerics import NumericsGuide
 from specterbench.engine.sampling import GREEDY, DecodeSetting, TokenSampler
@@ -124,6 +134,10 @@ class Strategy:
     fixed_budget_fraction: ClassVar[float | None] = None  # e.g. resident: reported once at 1.0
     uses_calibration: ClassVar[bool] = False  # receives a :class:`RoutingCalibration` in :meth:`prepare`
     uses_reference_trace: ClassVar[bool] = False  # needs Request.reference_trace (oracles)
+    #: the most requests it decodes together (None: any batch); a cell at a larger ``--batch`` is a row of status
+    #: ``unsupported`` that says so, with ``max_batch_reason``
+    max_batch: ClassVar[int | None] = None
+    max_batch_reason: ClassVar[str] = ""
     #: set for each subclass: whether it overrides :meth:`on_copy_landed` (the engine calls it only then)
     wants_copy_landed: ClassVar[bool] = False
 
@@ -243,6 +257,11 @@ class Strategy:
     def generate(self, engine: "Engine", request: Request) -> list[int]:
         """One token per forward under ``request.decode``. Speculative strategies override this."""
         return engine.decode(request)
+
+    def generate_batch(self, engine: "Engine", requests: Sequence[Request]) -> list[list[int]]:
+        """The requests of a batch decoded together, one batched forward per step (see "Batched steps" above);
+        each request's tokens, in batch order. Only called with ``len(requests) <= max_batch``."""
+        return decode_batch(engine, requests)
 
     def metrics(self) -> dict[str, float]:
         """Strategy-specific metrics for the finished cell (added to the row's ``extra``)."""

@@ -53,6 +53,7 @@ def summary_table(rows: list[ResultRow]):
             "strategy": r.display_label,
             "budget": budget_text(r),
             "_frac": r.budget_fraction,
+            "batch": r.batch,
             "clock": clock,
             "workload": r.workload,
             "tokens": r.new_tokens,
@@ -65,6 +66,13 @@ def summary_table(rows: list[ResultRow]):
             "hit rate": r.hit_rate,
             "H2D KB/tok": None if r.h2d_bytes_per_token is None else r.h2d_bytes_per_token / 1e3,
             "stall ms/tok": r.stall_ms_per_token,
+            "TPOT p99 ms": r.tpot_p99_ms,
+            "tok/s/user": r.tokens_per_s_per_user,
+            "tok/s total": r.tokens_per_s_total,
+            "experts/step": r.distinct_experts_per_step,
+            "tok/expert": r.tokens_per_expert,
+            "link KB/step": None if r.link_bytes_per_step is None else r.link_bytes_per_step / 1e3,
+            "host expert tok": r.host_expert_tokens,
             "lossless": {True: "✓", False: "✗", None: "-"}[r.lossless] if r.lossless_strategy else
             (f"lossy ({r.token_agreement:.0%} agree)" if r.token_agreement is not None else "lossy"),
             "status": r.status if r.status == "ok" else f"{r.status}: {r.error}",
@@ -72,16 +80,24 @@ def summary_table(rows: list[ResultRow]):
     df = pd.DataFrame(records)
     if df.empty:
         return df
-    keys = ["model", "strategy", "budget", "_frac", "clock", "workload", "tokens", "lossless", "status"]
+    keys = ["model", "strategy", "budget", "_frac", "batch", "clock", "workload", "tokens", "lossless", "status"]
     for col in df.columns.difference(keys):  # float even when every value is None (an all-error or host-clock run)
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     df = df.groupby(keys, sort=False, dropna=False).median(numeric_only=True).reset_index()
-    df = df.sort_values(["model", "_frac", "TPOT ms"], na_position="last").drop(columns="_frac")
+    df = df.sort_values(["model", "_frac", "batch", "TPOT ms"], na_position="last").drop(columns="_frac")
+    if (df["batch"] == 1).all():  # no batch axis: the batch figures say nothing a batch-1 table does not
+        df = df.drop(columns=[c for c in BATCH_COLUMNS if c in df.columns])
     return df[[c for c in df.columns if c not in ("lossless", "status")] + ["lossless", "status"]]
 
 
+#: columns of a run with a batch axis (``--batch``), shown only then
+BATCH_COLUMNS = ("batch", "TPOT p99 ms", "tok/s/user", "tok/s total", "experts/step", "tok/expert", "link KB/step",
+                 "host expert tok")
+
+
 #: the columns of the compact table (``render_markdown(rows)``; ``wide=True`` shows every column)
-COMPACT = ("model", "strategy", "budget", "TPOT ms", "TPOT mean ms", "TTFT ms", "hit rate", "H2D KB/tok",
+COMPACT = ("model", "strategy", "budget", "batch", "tok/s/user", "tok/s total", "TPOT ms", "TPOT mean ms",
+           "TTFT ms", "hit rate", "H2D KB/tok",
            "stall ms/tok", "lossless", "status")
 #: columns shown once, in a header line above the compact table, when every row has the same value
 SHARED = ("model", "clock", "workload", "tokens")

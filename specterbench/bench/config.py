@@ -44,6 +44,7 @@ class BenchConfig:
     precision: Precision = BF16  # the target's stored weights (--expert-bits, --dense-bits): quantized before the
     # reference is recorded, so the reference is the quantized model itself
     cuda_graphs: str = "auto"  # --cuda-graphs: auto (capture on CUDA, eager elsewhere or on failure) | off
+    batches: tuple[int, ...] = (1,)  # --batch: requests decoding together per cell (bench.batching)
 
     def __post_init__(self):
         if self.decode.mode == "sample" and self.decode.seed != self.seed:  # one seed: the noise follows --seed
@@ -60,6 +61,9 @@ class BenchConfig:
         if self.repeats <= 0:
             raise UsageError(f"repeats must be positive, got {self.repeats}")
         check_graph_setting(self.cuda_graphs)
+        if not self.batches or min(self.batches) < 1:
+            raise UsageError(f"--batch {','.join(map(str, self.batches))}: a batch is a positive number of requests, "
+                             f"e.g. --batch 1,4,16")
         if self.clock not in ("modeled", "measured"):
             raise UsageError(f"unknown clock {self.clock!r}; use 'modeled' or 'measured'")
         if not self.budgets:
@@ -83,6 +87,11 @@ class BenchConfig:
                 raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "
                                  "can do; drop GEOMETRY or use --clock modeled")
             geometry_preset(self.geometry)
+
+    @property
+    def batch(self) -> tuple[int, ...]:
+        """The batch axis as a card's plan reads it (its largest batch's KV is on the card)."""
+        return self.batches
 
     def geometry_for(self, spec) -> str | None:
         """The geometry preset ``spec``'s routing is priced at, or None for its own sizes."""

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from specterbench.bench import batching
 from specterbench.bench.budget import Budget
 from specterbench.bench.cell_metrics import TokenNumerics, check_tokens, fill_metrics, peak_rss_bytes, samples_of
 from specterbench.bench.checks import check_context, check_device_memory, check_workload_size
@@ -150,29 +151,35 @@ class Runner:
         torch.set_num_threads(cfg.threads)
         texts = load_prompts(cfg.workload, cfg.prompts)
         check_workload_size(cfg.workload, cfg.prompts, texts)  # before any model loads
-        plan = {m: [c for c in self.cells(m) if c[0] not in self.done] for m in dict.fromkeys(cfg.models)}
+        plan = {m: [c for c in batching.batch_cells(self, m) if c[0] not in self.done]
+                for m in dict.fromkeys(cfg.models)}
         eta = CellProgress(sum(len(todo) for todo in plan.values()), self.progress)
         for model_name, todo in plan.items():  # a model named twice runs once
             if not todo:
                 continue
             engine = self.load_engine(model_name)
             prompts = encode_prompts(engine, texts, cfg.max_prompt_tokens)
+            if cfg.batches != (1,):  # a batch decodes requests of one length
+                prompts = batching.cut_to_shortest(prompts)
             check_context(engine, prompts, cfg.tokens)
             self.budgets = resolve_cards(cfg.budgets, engine, max(len(ids) for _, ids in prompts), cfg.tokens, cfg)
             self.check_budgets(engine)
+            batching.check_fit(self, engine, prompts)
             self.check_device_memory(engine, prompts)  # before minutes of reference and calibration passes
             reference = self.record_reference(engine, prompts)
             write_reference(self.run_dir, model=model_name, workload=cfg.workload, decode=cfg.decode,
                             prompts=prompts, reference=reference, tokenizer=engine.tokenizer, top_k=engine.top_k)
             calibration = None
             resolved = {b.key(): b for b in self.budgets}
-            for key, sname, cls, budget, repeat in todo:
+            for key, sname, cls, budget, repeat, batch in todo:
                 budget = resolved.get(budget.key(), budget)
-                if cls.uses_calibration and calibration is None:
+                if cls.uses_calibration and calibration is None and not batching.unsupported_class(cls, batch):
                     calibration = self.calibrate(engine)
                 eta.start(f"{model_name} · {strategy_label(sname, cfg.strategy_options.get(sname))} @ {budget.text}"
-                          + (f" (repeat {repeat})" if cfg.repeats > 1 else ""))
-                row = self.run_cell(engine, key, sname, cls, budget, repeat, prompts, reference, calibration)
+                          + (f" (repeat {repeat})" if cfg.repeats > 1 else "")
+                          + (f" × batch {batch}" if cfg.batches != (1,) else ""))
+                row = self.run_cell(engine, key, sname, cls, budget, repeat, prompts, reference, calibration,
+                                    batch=batch)
                 self.writer.append(row)
                 self.rows.append(row)
                 self.host.pm.hook.specterbench_row_written(row=row)
@@ -290,10 +297,13 @@ class Runner:
                                   cfg.decode)
 
     # ---- one cell ----------------------------------------------------------------------------------
-    def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration) -> ResultRow:
+    def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration,
+                 batch: int = 1) -> ResultRow:
         cfg = self.config
         total = engine.total_expert_bytes
         nbytes = budget.resolve(total)
+        kv_priced, kv_charged = batching.charged_kv(self, engine, cls, budget, batch,
+                                                     len(prompts[0][1]) + cfg.tokens)
         entry = self.host.strategies().entry(sname)
         row = ResultRow(
             run_id=run_identity(self.run_dir), cell=key, model=engine.name, geometry=engine.geometry.name,
@@ -305,6 +315,11 @@ class Runner:
             clock=cfg.clock if (cfg.clock == "modeled" or engine.device.type == "cuda") else "host",
             workload=cfg.workload, prompts=len(prompts), new_tokens=cfg.tokens, seed=cfg.seed, repeat=repeat,
             decode=cfg.decode.to_dict(), precision=cfg.precision.label(), env=self.env)
+        row.batch = batch
+        if kv_charged:
+            row.extra["kv_bytes"], row.extra["kv_bytes_priced"] = kv_charged, kv_priced
+        if batching.unsupported(row, cls, batch):
+            return row
         started = time.perf_counter()
         hooks = self.host.pm.hook
         measuring = False
@@ -316,7 +331,7 @@ class Runner:
             if budget.plan is not None:  # a card's memory: how its bytes were spent
                 row.extra["device_plan"] = budget.plan.as_dict(engine.geometry)
             strategy = cls(**options)
-            engine.configure(strategy, nbytes, make_clock(cfg, self.host, engine, self._host_pool))
+            engine.configure(strategy, nbytes - kv_charged, make_clock(cfg, self.host, engine, self._host_pool))
             engine.setup_graphs(cfg.cuda_graphs)
             row.strategy_device_bytes = strategy.device_bytes(engine)
             strategy.prepare(engine, calibration if cls.uses_calibration else None)
@@ -343,18 +358,15 @@ class Runner:
                 engine.end_warmup()  # engine counters and clock totals restart; the strategy's on_warmup_end
                 if warns_warmup_metrics(cls, entry.plugin.name):
                     row.extra["metrics_include_warmup"] = True
-            outputs, all_samples = {}, []
             if engine.device.type == "cuda":  # pragma: no cover - needs CUDA
                 torch.cuda.reset_peak_memory_stats(engine.device)
             hooks.specterbench_cell_start(cell=key, engine=engine)
             measuring = True
             held = drafts_allocated_bytes(engine)  # copies a strategy drops mid-cell still count at their peak
-            for pid, ids in prompts:
-                engine.begin_request(request(pid, ids))
-                outputs[pid] = tuple(strategy.generate(engine, request(pid, ids)))
-                all_samples.append(list(engine.samples))
+            outputs, all_samples, steps = batching.decode_cell(engine, strategy, prompts, request, batch)
             row.strategy_device_bytes_allocated = max(held, drafts_allocated_bytes(engine))
             fill_metrics(row, engine, strategy, all_samples, [len(ids) for _, ids in prompts])
+            batching.fill_batch_metrics(row, engine, steps, batch)
             check_tokens(row, outputs, reference, cls.lossless, TokenNumerics(
                 dict(prompts), engine.compute_dtype, layers, cfg.decode,
                 {pid: g.followed for pid, g in guides.items() if pid != reference.warmup[0]}))

@@ -27,6 +27,7 @@ from specterbench.plugins.host import get_host
 
 def run_config(args, host):
     """The :class:`BenchConfig` of parsed ``run`` options (validated: a bad input is one UsageError line)."""
+    from specterbench.bench.batching import parse_batches, run_prompts
     from specterbench.bench.config import BenchConfig
 
     if args.tokens <= 0:
@@ -39,19 +40,24 @@ def run_config(args, host):
     if not csv_list(args.budgets):
         raise UsageError("--budgets is empty; give e.g. --budgets 35%,50%")
     strategies = host.strategies().names() if args.strategies == "all" else csv_list(args.strategies)
+    batches = parse_batches(args.batch)
     budgets = run_budgets(args, host)
     config = BenchConfig(
         models=fold("--model", csv_list(args.model)), strategies=fold("--strategies", strategies),
         budgets=budgets, profile=args.profile_name, clock=args.clock,
         geometry=args.geometry or None, host_profile=args.host_profile,
-        workload=args.workload, prompts=args.prompts, tokens=args.tokens, repeats=args.repeats, seed=args.seed,
+        workload=args.workload, prompts=run_prompts(args.prompts, batches), tokens=args.tokens,
+        repeats=args.repeats, seed=args.seed,
         device=args.device, threads=args.threads, warmup=not args.no_warmup,
         strategy_options=strategy_options(args.set),
-        decode=decode_setting(args), precision=precision_setting(args), cuda_graphs=args.cuda_graphs)
+        decode=decode_setting(args), precision=precision_setting(args), cuda_graphs=args.cuda_graphs,
+        batches=batches)
     config.validate(host)
+    from specterbench.bench.batching import check_batches
     from specterbench.bench.checks import check_workload_size
     from specterbench.bench.runner import load_prompts
 
+    check_batches(batches, config.workload, len(load_prompts(config.workload, max(batches))))
     check_workload_size(config.workload, config.prompts, load_prompts(config.workload, config.prompts))
     return config
 
@@ -221,7 +227,7 @@ def _run_in(args, host, config, run_dir: Path) -> int:
         print(f"specterbench: interrupted; {len(runner.rows)} finished rows kept in {run_dir}; continue with "
               f"--resume {run_dir}", file=sys.stderr)
         return 130
-    failed = [r for r in runner.rows if r.status != "ok"]
+    failed = [r for r in runner.rows if r.status not in ("ok", "unsupported")]  # unsupported: a row saying why
     if failed:
         print(f"specterbench: {len(failed)} row(s) failed: " +
               "; ".join(f"{r.strategy}@{r.budget_fraction:.0%}: {r.error}" for r in failed), file=sys.stderr)
@@ -264,6 +270,8 @@ def add_parser(sub) -> None:
     add_decode_arguments(s)
     add_precision_arguments(s)
     add_card_arguments(s)
+    s.add_argument("--batch", default="1", help="requests decoding together per cell, e.g. 1,4,16 (each a cell; "
+                   "prompts cut to the shortest, every request's KV charged to the budget; docs/results.md)")
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--wide", action="store_true", help="print every column of the table (default: a compact table "
                    "that fits 160 columns; summary.md always has every column)")

@@ -91,16 +91,17 @@ class CostModel:
         return Op(flops, total, launches, weights * kernel.dequant_ops_per_weight, efficiency)
 
     def dense_layer(self, n_tokens: int, context: int, moe: bool, bytes_ratio: float = 1.0,
-                    kernel: LowBitKernel | None = None, captured: bool = False) -> Op:
+                    kernel: LowBitKernel | None = None, captured: bool = False, requests: int = 1) -> Op:
         """The non-routed part of one decoder layer over ``n_tokens`` new tokens at ``context`` positions
         (``bytes_ratio`` < 1: a draft's low-bit copy of its weights, run with ``kernel``; the router and the KV cache
         stay 16-bit). ``captured``: the engine replays the MoE layer's capturable pieces (router, shared experts;
         :mod:`specterbench.engine.graphs`) from CUDA graphs — their kernels are graph nodes, each piece one replay
-        launch, the rest eager launches."""
+        launch, the rest eager launches. ``requests``: a batched step's requests, ``n_tokens`` over all of them;
+        the weights are read once, each request's own KV cache of ``context`` positions is read by its attention."""
         g = self.geometry
         params = g.layer_dense_params(moe)
         router = g.hidden * g.num_experts if moe else 0
-        kv_bytes = 2 * context * g.kv_heads * g.head_dim * g.dtype_bytes
+        kv_bytes = 2 * context * g.kv_heads * g.head_dim * g.dtype_bytes * requests
         s = g.layer_scale
         k = self.kernels
         op = self._lowbit(s * (2 * n_tokens * params + 4 * n_tokens * context * g.heads * g.head_dim),

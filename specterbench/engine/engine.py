@@ -87,7 +87,9 @@ class Engine(CacheControl, CellSetup):
         self.current_layer: int | None = None  # the MoE layer being run (None between layers' experts)
         self.current_hidden: torch.Tensor | None = None  # the MoE input of the layer being run, [T, H]
         self.routing: LayerRouting | None = None  # router signals of the layer being run
-        self.forward_tokens = 1  # tokens of the forward being run (1 while decoding; K+1 when verifying)
+        self.forward_tokens = 1  # tokens of the forward being run (1 while decoding; K+1 when verifying; B·T in a
+        # batched step)
+        self.batch = 1  # requests decoding together in this forward (engine.batch: a batched step's B)
         self.context_len = 1  # positions the forward attends to, its own included
         self._host_threads: int | None = None
         self.pageable_copies = self.swap_copies = False  # the copy path (configure resets it, a strategy picks it)
@@ -164,21 +166,28 @@ class Engine(CacheControl, CellSetup):
         ``dense``: a :class:`~specterbench.engine.dense_copy.QuantizedDense` swapped in for this pass (a draft's
         low-bit attention, shared experts and head), its weights priced at its ``bytes_ratio``.
         """
-        T = input_ids.shape[1]
+        return self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
+
+    @torch.inference_mode()
+    def _forward(self, input_ids: torch.Tensor, kv, *, all_logits: bool = False, experts=None,
+                 dense=None) -> torch.Tensor:
+        """:meth:`forward` over ``input_ids`` [B, T] (B: ``self.batch`` requests of equal length, one KV cache
+        holding each request's own rows); the raw logits [B, T or 1, V]."""
+        B, T = input_ids.shape
         before = kv.get_seq_length()
-        self.forward_tokens = T
+        self.forward_tokens = B * T
         self.context_len = before + T
         self.expert_override = experts
         self.dense_ratio = self.precision.dense_ratio if dense is None else dense.bytes_ratio  # None: the target's
         self.dense_kernel = self.precision.dense_kernel if dense is None else dense.kernel
         if experts is None:
-            self.strategy.on_step_start(T)
-        self._charge_dense_layers(T)
+            self.strategy.on_step_start(B * T)
+        self._charge_dense_layers(B * T)
         try:
             with dense if dense is not None else contextlib.nullcontext():
                 out = self.model(input_ids=input_ids.to(self.device), use_cache=True,
                                  logits_to_keep=0 if all_logits else 1, **{self.cache_kwarg: kv})
-            rows = out.logits.shape[1]
+            rows = out.logits.shape[0] * out.logits.shape[1]
             self.clock.compute(*self.clock.costs.head(rows, self.dense_ratio, self.dense_kernel))
             self.clock.compute(*self.clock.costs.sample(rows))  # each returned row is picked once, on the device
         finally:
@@ -192,7 +201,7 @@ class Engine(CacheControl, CellSetup):
                                   f"the transformers version")
         if self.cache.used_bytes > self.cache.capacity_bytes:  # defence in depth; insert() already refuses
             raise EngineViolation(f"cache holds {self.cache.used_bytes} bytes, over {self.cache.capacity_bytes}")
-        return out.logits[0].float()
+        return out.logits
 
     def begin_request(self, request: "Request") -> None:
         self.clock.settle()
@@ -250,17 +259,22 @@ class Engine(CacheControl, CellSetup):
     def _charge_dense_layers(self, T: int) -> None:
         g, costs = self.geometry, self.clock.costs
         for _ in range(g.layers - g.moe_layers):
-            self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False,
-                                                  bytes_ratio=self.dense_ratio, kernel=self.dense_kernel))
+            self.clock.compute(*costs.dense_layer(T, self.context_len, moe=False, bytes_ratio=self.dense_ratio,
+                                                  kernel=self.dense_kernel, requests=self.batch))
 
     def run_moe_layer(self, layer, act_fn, hidden, top_k_index, top_k_weights):  # [T, H], [T, k], [T, k]
         """One MoE layer through the cache (the seam's call); phases in :mod:`specterbench.engine.moe_layer`."""
         T = hidden.shape[0]
         self.clock.compute(*self.clock.costs.dense_layer(T, self.context_len, moe=True, bytes_ratio=self.dense_ratio,
-                                                         kernel=self.dense_kernel, captured=self.graphs.replays(T)))
+                                                         kernel=self.dense_kernel, captured=self.graphs.replays(T),
+                                                         requests=self.batch))
         if self.expert_override is not None:
             return self.expert_override(layer, act_fn, hidden, top_k_index, top_k_weights)
         groups = group_tokens(top_k_index, top_k_weights, self.num_experts)
+        if T == self.batch:  # a decode step: one new token per request (the per-step expert metrics)
+            self.stats.decode_layer_calls += 1
+            self.stats.decode_distinct_experts += len(groups.experts)
+            self.stats.decode_routings += sum(groups.tokens_per_expert)
         if self.recorder is not None:
             self.recorder.counts[layer, groups.experts] += torch.tensor(groups.tokens_per_expert)
             self.recorder.trace.append((layer, tuple(groups.experts)))

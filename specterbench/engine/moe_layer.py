@@ -186,6 +186,7 @@ def run_elsewhere(engine: "Engine", elsewhere: dict[ExpertKey, str], groups: Tok
                                     costs.host_expert(n), engine.host_threads, hidden[token_idx])
             jobs.append((key, job))
             stats.host_experts += 1
+            stats.host_expert_tokens += n
             stats.activation_bytes += 2 * n * hidden.shape[1] * hidden.element_size()  # down and back
         else:
             weights, ratio, *kernel = engine.strategy.substitute(key)  # kernel: optional (a LowBitKernel)

@@ -23,6 +23,10 @@ class EngineStats:
     host_experts: int = 0  # misses computed on the host CPU
     activation_bytes: int = 0  # activations sent to and back from the host for those (both directions)
     substituted: int = 0  # misses computed with a strategy's substitute (lossy)
+    host_expert_tokens: int = 0  # tokens those host experts computed (each token of each host expert once)
+    decode_layer_calls: int = 0  # MoE layers run in decode steps (one new token per request)
+    decode_distinct_experts: int = 0  # distinct experts those layers routed to, summed over them
+    decode_routings: int = 0  # (token, expert) routings of those layers: tokens times top-k
 
 
 @dataclass(slots=True)

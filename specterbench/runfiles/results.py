@@ -22,6 +22,7 @@ SCHEMA_VERSION = 1
 # Direction of every headline metric, so that no comparison assumes lower is better.
 DIRECTIONS = {
     "tpot_ms": "lower", "tpot_mean_ms": "lower", "tpot_p90_ms": "lower", "ttft_ms": "lower", "tokens_per_s": "higher",
+    "tokens_per_s_total": "higher", "tokens_per_s_per_user": "higher", "tpot_p99_ms": "lower",
     "host_ms_per_token": "lower", "hit_rate": "higher", "h2d_bytes_per_token": "lower",
     "stall_ms_per_token": "lower", "prefetch_used": "higher", "prefetch_wasted": "lower",
     "token_agreement": "higher",
@@ -63,7 +64,7 @@ class ResultRow:
     depth_tokens: int = 0  # context prefilled before each prompt, outside the timed part (--depth)
     precision: str = "bf16"  # the target's stored weights: bf16, or e.g. "experts int4/g128" (--expert-bits)
     decode: dict = field(default_factory=lambda: {"mode": "greedy"})  # DecodeSetting.to_dict(): how tokens were chosen
-    status: str = "ok"  # ok | diverged | error
+    status: str = "ok"  # ok | diverged | error | unsupported (a batch past the strategy's max_batch: not run)
     error: str | None = None
     lossless: bool | None = None
     first_divergence: dict | None = None  # {"prompt": id, "position": i} of the first differing token
@@ -100,6 +101,15 @@ class ResultRow:
     peak_device_bytes: int | None = None  # torch.cuda.max_memory_allocated on CUDA
     cuda_graphs: str | None = None  # used | off | unavailable (--cuda-graphs; None: a row written before the setting)
     cuda_graphs_reason: str | None = None  # why, e.g. "no CUDA (device cpu)", "capture failed: <error>"
+    batch: int = 1  # requests decoding together in the cell (--batch)
+    distinct_experts_per_step: float | None = None  # distinct experts per MoE layer per decode step, mean
+    tokens_per_expert: float | None = None  # routed tokens per activated expert per decode step, mean
+    link_bytes_per_step: float | None = None  # host->device bytes per decode step (all requests of the batch)
+    link_bytes_per_token: float | None = None  # the same per token delivered (per request and step)
+    host_expert_tokens: int = 0  # tokens computed by experts on the host (each token of each host expert)
+    tpot_p99_ms: float | None = None  # per-request TPOT, 99th percentile
+    tokens_per_s_total: float | None = None  # tokens of every request per second of decode (per GPU: one device)
+    tokens_per_s_per_user: float | None = None  # each request's own tokens per second of decode
     extra: dict = field(default_factory=dict)
     samples: dict = field(default_factory=dict)  # raw per-token samples: tpot_ms, host_ms, ttft_ms
     warmup: dict = field(default_factory=dict)  # the warm-up request's samples, kept apart

@@ -18,6 +18,9 @@ short prompts) with a :class:`~specterbench.testing.lab.Watch` on it, and checks
 - tokens are lossless on every supported family (a strategy with ``lossless = False`` must report agreement);
 - two runs with the same seed give identical tokens and identical modeled samples;
 - an empty prompt is refused with a clean ``UsageError``; one-token and maximum-length prompts are survived;
+- a batch of 4 (``--batch 4``) decodes losslessly within the budget less the requests' KV, every request its own
+  tokens, with no expert in use evicted — or, for a strategy that declares a smaller ``max_batch``, its row says
+  so (status ``unsupported``);
 - state resets between requests: the same request decoded after others gives the same tokens (the measured 'a',
   decoded after the warm-up request, repeats the reference's clean-state 'a'; under greedy also 'a-again', a
   different request of the same prompt).
@@ -252,3 +255,35 @@ def test_state_resets_between_requests(specterbench_strategy, specterbench_lab):
         if again != first:
             pytest.fail(f"{_describe(row)}: {what} gave {list(again)}, first {list(first)}; reset per-request state "
                         f"in on_request_start()")
+
+
+BATCH = 4
+BATCH_PROMPTS = (*PROMPTS, ("c", "Once more unto the breach, dear friends, once more; or close the wall up"))
+
+
+def test_a_batch_of_4_is_lossless_or_says_why(specterbench_strategy, specterbench_lab):
+    cls = specterbench_lab.strategy_class(specterbench_strategy)
+    trial = specterbench_lab.run(specterbench_strategy, prompts=BATCH_PROMPTS, batch=BATCH)
+    if trial.error is not None:
+        pytest.fail(f"the batch run failed outside any cell: {type(trial.error).__name__}: {trial.error}")
+    if cls.max_batch is not None and cls.max_batch < BATCH:
+        for row in trial.rows:
+            if row.status != "unsupported" or f"at most {cls.max_batch}" not in (row.error or ""):
+                pytest.fail(f"{_describe(row)}: max_batch {cls.max_batch} < {BATCH} must give an 'unsupported' row "
+                            f"saying so; got {row.status}: {row.error}")
+        return
+    for watch in trial.watches.values():
+        for rule in ("budget", "in use"):
+            if watch.violations[rule]:
+                pytest.fail(f"{specterbench_strategy} at batch {BATCH}: " + "; ".join(watch.violations[rule][:3]))
+    for row in trial.rows:
+        if row.status == "error":
+            pytest.fail(f"{_describe(row)} at batch {BATCH} failed: {row.error}\n{row.extra.get('traceback', '')}")
+        if row.batch != BATCH:
+            pytest.fail(f"{_describe(row)}: the row says batch {row.batch}, the cell ran {BATCH}")
+        if row.lossless_strategy and (row.status != "ok" or not row.lossless):
+            pytest.fail(f"{_describe(row)} is not lossless at batch {BATCH}: {row.error or row.first_divergence}")
+        kv = row.extra.get("kv_bytes", 0)
+        if row.peak_cache_bytes > row.budget_bytes - kv - row.strategy_device_bytes:
+            pytest.fail(f"{_describe(row)} at batch {BATCH}: the cache peaked at {row.peak_cache_bytes} bytes, over "
+                        f"the budget less {kv} bytes of the requests' KV")

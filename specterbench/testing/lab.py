@@ -143,13 +143,13 @@ class Lab:
         return self.host.strategies().get(name)
 
     def run(self, name: str, *, model: str = MODEL, budgets=(BUDGET,), prompts=PROMPTS, tokens: int = TOKENS,
-            max_prompt_tokens: int = 64, seed: int = SEED, tag: str = "") -> Trial:
-        key = (name, model, tuple(budgets), tuple(prompts), tokens, max_prompt_tokens, seed, tag)
+            max_prompt_tokens: int = 64, seed: int = SEED, tag: str = "", batch: int = 1) -> Trial:
+        key = (name, model, tuple(budgets), tuple(prompts), tokens, max_prompt_tokens, seed, tag, batch)
         if key not in self._trials:
-            self._trials[key] = self._run(name, model, budgets, prompts, tokens, max_prompt_tokens, seed)
+            self._trials[key] = self._run(name, model, budgets, prompts, tokens, max_prompt_tokens, seed, batch)
         return self._trials[key]
 
-    def _run(self, name, model, budgets, prompts, tokens, max_prompt_tokens, seed) -> Trial:
+    def _run(self, name, model, budgets, prompts, tokens, max_prompt_tokens, seed, batch=1) -> Trial:
 
         cls = self.strategy_class(name)
         trial = Trial()
@@ -187,7 +187,7 @@ class Lab:
         config = BenchConfig(
             models=(model,), strategies=(name,), budgets=tuple(Budget(f"{b:.0%}", fraction=b) for b in budgets),
             profile=PROFILE, workload="conformance", calibration="conformance-calibration", prompts=len(prompts),
-            tokens=tokens, max_prompt_tokens=max_prompt_tokens, seed=seed, threads=1)
+            tokens=tokens, max_prompt_tokens=max_prompt_tokens, seed=seed, threads=1, batches=(batch,))
 
         def load_prompts(workload, n):
             return list(CALIBRATION if workload == config.calibration else prompts)[:n]

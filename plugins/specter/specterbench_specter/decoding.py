@@ -56,6 +56,8 @@ class SpeculativeDecoding(Strategy):
 
     version = "2"
     uses_calibration = True
+    max_batch = 1
+    max_batch_reason = "drafts and verifies one request's window at a time"
     draft_defaults: dict = {}  # QuantSpec defaults of this strategy
     # bit widths tried in order, when the options do not name ``bits``, where the default draft does not fit the
     # budget or is not below the target's bits (:meth:`draft_spec_for`); empty: the default or a refusal
