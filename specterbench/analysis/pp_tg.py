@@ -81,6 +81,7 @@ def table_of_tests(rows: list[ResultRow]):
         records.append({
             "model": model, "strategy": strategy, "budget": budget, "_frac": first.budget_fraction, "clock": clock,
             "workload": workload, "test": test, "_gen": generation,
+            "_p": first.prompt_tokens or 0, "_d": first.depth_tokens,
             "t/s": mean, "t/s sd": sd, "ms/tok": statistics.fmean(1e3 / x for x in rates) if rates else None,
             "TTFT ms": None if generation else median([r.ttft_ms for r in members]),
             "hit rate": median([r.hit_rate for r in members]) if generation else None,
@@ -96,8 +97,8 @@ def table_of_tests(rows: list[ResultRow]):
         return df
     for col in ("t/s", "t/s sd", "ms/tok", "TTFT ms", "hit rate", "H2D KB/tok", "stall ms/tok"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    df = df.sort_values(["model", "_frac", "_gen", "test", "ms/tok"], na_position="last", kind="stable")
-    return df.drop(columns=["_frac", "_gen"]).reset_index(drop=True)
+    df = df.sort_values(["model", "_frac", "_gen", "_p", "_d", "ms/tok"], na_position="last", kind="stable")
+    return df.drop(columns=["_frac", "_gen", "_p", "_d"]).reset_index(drop=True)
 
 
 #: columns said once above the markdown table when every line has the same value
