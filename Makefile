@@ -19,6 +19,9 @@ DECODE ?= sample
 TEMPERATURE ?= 1.0
 GEOMETRY ?= auto
 GPU_MEMORY ?=
+PROMPT_TOKENS ?=
+DEPTH ?=
+OUTPUT ?= md
 BENCH_ARGS ?=
 GRID ?= examples/grid.toml
 EVAL_MODEL ?= tiny-mixtral,tiny-qwen-moe
@@ -91,7 +94,9 @@ bench:
 	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) --budgets '$(BUDGETS)' \
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
 	  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) \
-	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(if $(GPU_MEMORY),--gpu-memory '$(GPU_MEMORY)') $(BENCH_ARGS)
+	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(if $(GPU_MEMORY),--gpu-memory '$(GPU_MEMORY)') \
+	  $(if $(PROMPT_TOKENS),--prompt-tokens $(PROMPT_TOKENS)) $(if $(DEPTH),--depth $(DEPTH)) --output $(OUTPUT) \
+	  $(BENCH_ARGS)
 
 readme:
 	$(BIN)/specterbench readme $(README_ARGS)

@@ -85,3 +85,15 @@ def test_a_length_beyond_the_context_or_not_a_number_is_one_line(host, capsys, t
                         "--tokens", 3, "--out", tmp_path, "--run-id", "x", "--quiet", *args)
     assert code == 2 and message in one_line(err)
     assert not (tmp_path / "x").exists()
+
+
+def test_make_bench_passes_prompt_tokens_depth_and_output():
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    line = subprocess.run(["make", "-n", "bench", "PROMPT_TOKENS=512,2048", "DEPTH=0,4096", "OUTPUT=csv"], cwd=root,
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "--prompt-tokens 512,2048 --depth 0,4096 --output csv" in line
+    plain = subprocess.run(["make", "-n", "bench"], cwd=root, capture_output=True, text=True, timeout=60).stdout
+    assert "--prompt-tokens" not in plain and "--depth" not in plain and "--output md" in plain
