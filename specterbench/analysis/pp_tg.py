@@ -122,4 +122,5 @@ def render_tests_markdown(rows: list[ResultRow]) -> str:
     df["status"] = [s if len(s) <= STATUS_WIDTH else s[: STATUS_WIDTH - 1] + "…" for s in df["status"]]
     df = df.astype(object).where(df.notna(), None)  # a test without the figure: an empty cell, not "nan"
     table = df.to_markdown(index=False, floatfmt=".3f") + "\n"
-    return "".join(f"{line}\n" for line in header) + table + "".join(f"{line}\n" for line in note_lines(rows))
+    return ("".join(f"{line}\n" for line in header) + table
+            + "".join(f"{line}\n" for line in dict.fromkeys(note_lines(rows))))  # a cell's note once, not per shape

@@ -88,8 +88,9 @@ def prompts_for(engine, natural, texts: list[tuple[str, str]], n: int, shape: Sh
 
 
 def token_stream(tokenizer, texts: list[str]) -> list[int]:
-    """The workload's prompts joined into one stream of token ids (blank lines between them)."""
-    ids = list(tokenizer.encode("\n\n".join(texts)))
+    """The workload's prompts joined into one stream of token ids, each encoded on its own (a tokenizer warns of
+    one text longer than the model's context), blank lines after each."""
+    ids = [i for text in texts for i in tokenizer.encode(text + "\n\n")]
     if not ids:
         raise UsageError("the workload encodes to no tokens; choose another --workload")
     return ids
