@@ -97,3 +97,14 @@ def test_make_bench_passes_prompt_tokens_depth_and_output():
     assert "--prompt-tokens 512,2048 --depth 0,4096 --output csv" in line
     plain = subprocess.run(["make", "-n", "bench"], cwd=root, capture_output=True, text=True, timeout=60).stdout
     assert "--prompt-tokens" not in plain and "--depth" not in plain and "--output md" in plain
+
+
+@pytest.mark.slow
+def test_every_built_in_strategy_decodes_after_a_context_and_stays_lossless(host, capsys, tmp_path):
+    code, _, err = call(capsys, "run", "--model", MODEL, "--strategies", "all", "--budgets", "50%", "--prompts", 1,
+                        "--tokens", 4, "--prompt-tokens", 16, "--depth", 16, "--out", tmp_path, "--run-id", "r",
+                        "--quiet")
+    assert code == 0, err
+    rows = read_rows(tmp_path / "r")
+    assert all(r.status == "ok" and r.depth_tokens == 16 for r in rows), [r.error for r in rows if r.error]
+    assert all(r.lossless for r in rows if r.lossless_strategy)
