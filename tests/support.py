@@ -34,3 +34,8 @@ def route(engine: Engine, layer: int, tokens, hidden: int | None = None):
     idx = torch.tensor(tokens)  # [T, k]
     states = torch.randn(len(tokens), hidden or engine.own_geometry.hidden)  # [T, H]
     return engine.run_moe_layer(layer, F.silu, states, idx, torch.full(idx.shape, 1.0 / idx.shape[1]))
+
+
+def bf16_kernels(mem_bytes_per_s: float, flops_per_s: float) -> dict:
+    """A host profile's ``expert_kernels`` with one bf16 kernel at these rates (a test host's only precision)."""
+    return {"avx512": {"bf16": {"flops_per_s": flops_per_s, "bytes_per_s": mem_bytes_per_s, "source": "test"}}}

@@ -163,6 +163,23 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def host_isa(cpuinfo: str | None = None) -> str | None:
+    """The widest instruction set of this CPU that host expert kernels use (``amx``, ``avx512``, ``avx2``), from
+    ``/proc/cpuinfo``'s flags; None where it names none of them (not x86, or not Linux)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return None
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return next((isa for isa, flag in (("amx", "amx_bf16"), ("avx512", "avx512f"), ("avx2", "avx2"))
+                 if flag in flags), None)
+
+
 def calibrate(device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.bfloat16, quick: bool = False,
               threads: int | None = None, name: str | None = None, hidden: int = 2048,
               inter: int = 4096) -> MachineMeasurement:
@@ -200,10 +217,17 @@ def calibrate(device: str | torch.device = "cpu", *, dtype: torch.dtype = torch.
         sources=(how, "link: relative least-squares fit of pinned copies, 64 KiB-64 MiB" if device.type == "cuda" else
                  "link: host-to-host copies (no device on this machine)",
                  f"compute: {compute['shape']} weight, gemv for bandwidth, 64-token block for FLOP/s"))
+    isa = host_isa()
+    kernels = {} if isa is None else {isa: {"bf16": {
+        "flops_per_s": host["block64_flops_per_s"], "bytes_per_s": host["gemv_bytes_per_s"],
+        "source": f"{how}: torch {host['dtype']} expert GEMV (bytes/s) and 64-token block (FLOP/s) on {threads} "
+                  f"threads, the {isa} kernels torch dispatches to here; int8 / int4 rates are not measured: add "
+                  f"them with their source to price quantized host experts"}}}
     host_profile = HostProfile(
         name=f"{profile.name}-host", cpu=_cpu_name(), mem_bytes_per_s=host["gemv_bytes_per_s"],
         flops_per_s=host["block64_flops_per_s"], threads=threads, launch_us=host_launch_s * 1e6,
-        sources=(how, f"host experts: {host['shape']} {host['dtype']} gemv and 64-token block, {threads} threads"))
+        sources=(how, f"host experts: {host['shape']} {host['dtype']} gemv and 64-token block, {threads} threads"),
+        isa=isa, expert_kernels=kernels)
     measured = {"device": str(device), "threads": threads, **link, "launch_us": launch_s * 1e6,
                 **{f"device_{k}": v for k, v in compute.items()}, **{f"host_{k}": v for k, v in host.items()}}
     return MachineMeasurement(profile, host_profile, measured)

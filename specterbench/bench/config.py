@@ -11,6 +11,7 @@ from specterbench.bench.budget import Budget
 from specterbench.bench.checks import check_device, check_strategy_options
 from specterbench.engine.geometry import geometry_preset
 from specterbench.engine.graphs import check_setting as check_graph_setting
+from specterbench.engine.host_kernels import precision_of_bits
 from specterbench.engine.precision import BF16, Precision
 from specterbench.engine.sampling import DEFAULT_DECODE, DecodeSetting
 from specterbench.errors import UsageError
@@ -87,6 +88,7 @@ class BenchConfig:
                 cls, options = host.strategies().get(name), self.strategy_options.get(name, {})
                 cls.check_profile(profile, dict(options))
                 cls.check_host_profile(cpu, dict(options))
+            cpu.kernel_rate(precision_of_bits(self.precision.expert_bits))  # host experts' kernel at --expert-bits
         if self.geometry not in (None, "own", "auto"):
             if self.clock != "modeled":
                 raise UsageError("GEOMETRY prices a model at another model's sizes, which only the modeled clock "

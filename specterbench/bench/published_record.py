@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specterbench.engine.geometry import geometry_preset
+from specterbench.engine.host_kernels import precision_of_bits
 from specterbench.engine.precision import Precision
 from specterbench.errors import UsageError
 
@@ -113,7 +114,9 @@ def load_record(host, path: Path | str = RECORD) -> list[Measurement]:
                     cls.validate_options(dict(m.options))
                 cls.check_profile(host.profiles().get(m.profile), dict(m.options))
                 if m.host_profile is not None:
-                    cls.check_host_profile(host.host_profiles().get(m.host_profile), dict(m.options))
+                    cpu = host.host_profiles().get(m.host_profile)
+                    cls.check_host_profile(cpu, dict(m.options))
+                    cpu.kernel_rate(precision_of_bits(m.precision.expert_bits))  # its host experts' rate
                 _check_budget(m, host)
         except UsageError as err:
             raise UsageError(f"{where}: {err}") from None
@@ -160,8 +163,8 @@ def _check_budget(m: Measurement, host) -> None:
         raise UsageError("budget needs exactly one of slots_per_layer, device_memory, fraction")
     if "slots_per_layer" in b and not (isinstance(b["slots_per_layer"], int) and b["slots_per_layer"] > 0):
         raise UsageError(f"slots_per_layer must be a positive integer, got {b['slots_per_layer']!r}")
-    if "fraction" in b and not (isinstance(b["fraction"], (int, float)) and 0 < b["fraction"] <= 1):
-        raise UsageError(f"budget fraction must be in (0, 1], got {b['fraction']!r}")
+    if "fraction" in b and not (isinstance(b["fraction"], (int, float)) and 0 <= b["fraction"] <= 1):
+        raise UsageError(f"budget fraction must be in [0, 1] (0: no expert on the device), got {b['fraction']!r}")
     reserve = b.get("reserve_gib", 0.0)
     if not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
         raise UsageError(f"reserve_gib must be a finite number >= 0, got {reserve!r}")

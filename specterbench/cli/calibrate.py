@@ -133,6 +133,11 @@ def cmd_calibrate(args) -> int:
           f"{p.flops_per_s / 1e9:.1f} GFLOP/s at 64 tokens")
     print(f"  host experts: {h.mem_bytes_per_s / 1e9:.2f} GB/s DRAM, {h.flops_per_s / 1e9:.1f} GFLOP/s, "
           f"{h.threads} threads, {h.launch_us:.1f} us dispatch")
+    if h.isa is None:
+        print("  host expert kernels: no amx / avx512 / avx2 flag in /proc/cpuinfo; add [host_profile.expert_kernels."
+              "<isa>.bf16] to the file to price host experts with it")
+    else:
+        print(f"  host expert kernels: {h.isa} bf16 written (int8 / int4 not measured)")
     print(f"written: {path}  (use: --profile {path})")
     return 0
 

@@ -18,11 +18,13 @@ kernel's efficiency and dequantization instructions per weight come from :mod:`s
 1 and 0); a copy ``link_latency_us + bytes / link_bytes_per_s`` (a synchronous copy from pageable memory: ``bytes /
 pageable_link_bytes_per_s``, serial with compute; a copy device→host, ``lru.swap``'s write-back of an evicted expert:
 ``bytes / link_bytes_per_s``, see :meth:`CostModel.d2h_copy_seconds`); a host
-expert ``host.launch_us + max(flops / (host.flops_per_s · threads / host.threads), weight bytes / DRAM share)``
-plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``), where the DRAM share
-is ``host.mem_bytes_per_s`` while the link is idle and ``host.mem_bytes_per_s - link_bytes_per_s`` while it copies
-(host memory is one resource: :meth:`CostModel.host_dram_share`) — or, with ``cpu-experts.torch_bf16`` (Fiddler's
-CPU path), the host profile's ``torch_bf16_bytes_per_s`` where that is lower. Bytes and FLOPs come from the geometry,
+expert ``host.launch_us + max(flops / (kernel.flops_per_s · threads / host.threads), weight bytes / min(DRAM share,
+kernel.bytes_per_s))`` plus one activation hop each way (``link_latency_us + activation bytes / link_bytes_per_s``),
+where ``kernel`` is the host profile's expert kernel for the experts' stored precision (bf16, int8, int4:
+:mod:`specterbench.engine.host_kernels`) and the DRAM share is ``host.mem_bytes_per_s`` while the link is idle and
+``host.mem_bytes_per_s - link_bytes_per_s`` while it copies (host memory is one resource:
+:meth:`CostModel.host_dram_share`) — or, with ``cpu-experts.torch_bf16`` (Fiddler's CPU path), the host profile's
+``torch_bf16_bytes_per_s`` where that is lower. Bytes and FLOPs come from the geometry,
 each multiplied by ``layer_scale``.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from specterbench.engine.geometry import Geometry
+from specterbench.engine.host_kernels import KernelRate, kernel_precision
 from specterbench.engine.kernels import DEFAULT_KERNELS, KernelCounts
 from specterbench.engine.lowbit import BF16, LowBitKernel, kernel_for_ratio
 from specterbench.engine.profiles import HardwareProfile, HostProfile
@@ -245,10 +248,16 @@ class CostModel:
             raise ValueError("this cost model has no host profile; give the run a --host-profile")
         return self.host
 
+    def host_kernel(self) -> KernelRate:
+        """The host's expert kernel at the geometry's expert precision (a one-line UsageError when the host
+        profile does not state it)."""
+        return self._host().kernel_rate(kernel_precision(self.geometry.expert_bits_per_weight))
+
     def host_compute_seconds(self, op: HostOp, threads: int) -> float:
-        """The arithmetic of ``op`` on ``threads`` of the host's threads (its floor when DRAM keeps up)."""
+        """The arithmetic of ``op`` on ``threads`` of the host's threads at the expert kernel's FLOP/s (its floor
+        when DRAM keeps up)."""
         h = self._host()
-        return op.flops / (h.flops_per_s * min(threads, h.threads) / h.threads)
+        return op.flops / (self.host_kernel().flops_per_s * min(threads, h.threads) / h.threads)
 
     def host_dram_share(self) -> tuple[float, float]:
         """Host DRAM bytes/s left for host expert compute: ``(link idle, link copying)``.
@@ -263,13 +272,14 @@ class CostModel:
 
         A host expert kernel slower than DRAM (``host_kernel_bytes_per_s``, set by
         :meth:`~specterbench.engine.engine.Engine.use_torch_bf16_host`: PyTorch's bf16 GEMVs on a CPU without
-        AVX512_BF16, Fiddler's CPU path) streams at its own rate whenever that is below the share."""
+        AVX512_BF16, Fiddler's CPU path), or the host's expert kernel at the experts' precision
+        (:meth:`host_kernel`), streams at its own rate whenever that is below the share."""
         h = self._host()
         b = h.mem_bytes_per_s
         idle, shared = b, max(b - self.profile.link_bytes_per_s, b / 2)
-        cap = self.host_kernel_bytes_per_s
-        if cap is not None:
-            idle, shared = min(idle, cap), min(shared, cap)
+        for cap in (self.host_kernel().bytes_per_s, self.host_kernel_bytes_per_s):
+            if cap is not None:
+                idle, shared = min(idle, cap), min(shared, cap)
         return idle, shared
 
     def host_dram_finish(self, start: float, compute_s: float, weight_bytes: float,

@@ -124,7 +124,21 @@ GEOMETRY_PRESETS: dict[str, Geometry] = {
                       layers=16, heads=16, kv_heads=16, head_dim=128, vocab=50304),
     "phi-moe": Geometry("phi-moe", hidden=4096, expert_intermediate=6400, num_experts=16, top_k=2, moe_layers=32,
                         layers=32, heads=32, kv_heads=8, head_dim=128, vocab=32064),
+    # Qwen/Qwen3-30B-A3B config.json: 48 layers, all MoE, 128 experts top-8, moe_intermediate_size 768, 32 query and
+    # 4 KV heads of 128, no shared expert
+    "qwen3-30b-a3b": Geometry("qwen3-30b-a3b", hidden=2048, expert_intermediate=768, num_experts=128, top_k=8,
+                              moe_layers=48, layers=48, heads=32, kv_heads=4, head_dim=128, vocab=151936),
+    # deepseek-ai/DeepSeek-V3 config.json: 61 layers, the first 3 dense (intermediate 18432), 58 MoE layers of 256
+    # routed experts top-8 (moe_intermediate_size 2048) and one shared expert. Its MLA attention (q_lora 1536,
+    # kv_lora 512, 128 heads: ~187M weights a layer, 576 cached values a token) is priced as 88 query heads and 2
+    # KV heads of 144: ~186M weights and the same 576 cached values
+    "deepseek-v3": Geometry("deepseek-v3", hidden=7168, expert_intermediate=2048, num_experts=256, top_k=8,
+                            moe_layers=58, layers=61, heads=88, kv_heads=2, head_dim=144, vocab=129280,
+                            shared_intermediate=2048, dense_intermediate=18432),
 }
+# deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct config.json: the DeepSeek-V2-Lite architecture, the same sizes
+GEOMETRY_PRESETS["deepseek-coder-v2-lite"] = dataclasses.replace(GEOMETRY_PRESETS["deepseek-v2-lite"],
+                                                                 name="deepseek-coder-v2-lite")
 
 
 def geometry_preset(name: str) -> Geometry:

@@ -20,6 +20,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from specterbench.engine.host_kernels import KernelRate, check_expert_kernels, kernel_rate
 from specterbench.errors import UsageError
 
 #: where the default ``graph_node_us`` comes from
@@ -137,8 +138,10 @@ DEFAULT_PROFILE = "a100-40g-pcie4"
 class HostProfile:
     """The host CPU that computes experts in place of the accelerator (Fiddler, llama.cpp ``--n-cpu-moe``).
 
-    An expert on the host costs ``max(flops / (flops_per_s * used/threads), weight bytes / DRAM share)``: at decode
-    sizes it streams its weights from DRAM, so memory bandwidth decides — and that DRAM also serves the link's DMA
+    An expert on the host costs ``max(flops / (kernel FLOP/s * used/threads), weight bytes / min(DRAM share, kernel
+    bytes/s))``, the kernel being the host's ``expert_kernels`` entry for the experts' stored precision (shipped
+    profiles state bf16 at ``flops_per_s`` and ``mem_bytes_per_s``): at decode sizes it streams its weights from
+    DRAM, so memory bandwidth decides — and that DRAM also serves the link's DMA
     reads, so while a copy runs the host gets ``mem_bytes_per_s - link_bytes_per_s`` (see
     :meth:`specterbench.engine.costs.CostModel.host_dram_share`).
     """
@@ -156,42 +159,22 @@ class HostProfile:
     # on this host: below DRAM's rate where the CPU has no native bf16 dot product (AVX512_BF16). Priced only for
     # cpu-experts.torch_bf16 (Fiddler's CPU path); None: not stated (that option is then refused in one line)
     torch_bf16_bytes_per_s: float | None = None
-    # the host's MoE expert kernels by weight precision (KTransformers' kt-kernel, llama.cpp's ggml CPU kernels):
-    # ``isa`` the widest instruction set they use (amx | avx512 | avx2); ``kernel_flops_per_s`` the sustained FLOP/s
-    # of one precision's expert GEMM on all threads (what a prefill is bound by); ``kernel_bytes_per_s`` the weight
-    # bytes/s its decode GEMV streams (at most DRAM's). Precisions: bf16, int8, int4. A strategy that prices host
-    # experts with these (n-cpu-moe, kt-hybrid) refuses a host profile without the precision it needs, in one line.
+    # the host's routed-expert kernels (KTransformers' kt-kernel, llama.cpp's ggml CPU kernels), keyed by instruction
+    # set and precision: ``expert_kernels[isa][precision] = {flops_per_s, bytes_per_s, source}``; ``isa`` the one
+    # whose kernels run (None: the widest stated). A host expert is priced at its precision's rate; a host profile
+    # without it is refused in one line (:mod:`specterbench.engine.host_kernels`)
     isa: str | None = None
-    kernel_flops_per_s: dict = dataclasses.field(default_factory=dict)
-    kernel_bytes_per_s: dict = dataclasses.field(default_factory=dict)
+    expert_kernels: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_fields(self, "host profile", may_be_zero=("launch_us",))
         _check_optional_rate(self, "host profile", "torch_bf16_bytes_per_s", "bytes/s")
-        if self.isa is not None and self.isa not in HOST_ISAS:
-            raise UsageError(f"host profile {self.name!r}: isa {self.isa!r} is not one of {', '.join(HOST_ISAS)}; "
-                             f"give the widest instruction set its expert kernels use, or leave it out")
-        for table in ("kernel_flops_per_s", "kernel_bytes_per_s"):
-            rates = getattr(self, table)
-            if not isinstance(rates, dict):
-                raise UsageError(f"host profile {self.name!r}: {table} must be a table of precision = rate")
-            for precision, v in rates.items():
-                if precision not in KERNEL_PRECISIONS:
-                    raise UsageError(f"host profile {self.name!r}: {table}.{precision} names no precision; use "
-                                     f"{', '.join(KERNEL_PRECISIONS)}")
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                    raise UsageError(f"host profile {self.name!r}: {table}.{precision} must be a finite number > 0, "
-                                     f"got {v!r}; state the measured rate with its source, or leave it out")
+        check_expert_kernels(self.name, self.isa, self.expert_kernels)
 
-    def kernel_rates(self, precision: str, used_by: str) -> tuple[float, float]:
-        """``(FLOP/s, weight bytes/s)`` of the host's expert kernel at ``precision``; a one-line UsageError naming
-        the missing figure when the profile does not state both."""
-        missing = [t for t in ("kernel_flops_per_s", "kernel_bytes_per_s") if precision not in getattr(self, t)]
-        if missing:
-            raise UsageError(f"host profile {self.name!r} states no {' or '.join(f'{m}.{precision}' for m in missing)}"
-                             f", which {used_by} prices the host's {precision} experts with; add the measured rate "
-                             f"(with its source) to the host profile file, or choose another --host-profile")
-        return float(self.kernel_flops_per_s[precision]), float(self.kernel_bytes_per_s[precision])
+    def kernel_rate(self, precision: str) -> KernelRate:
+        """The expert kernel's rates at ``precision`` (bf16 | int8 | int4); a one-line UsageError naming the
+        missing key when this host profile does not state them."""
+        return kernel_rate(self, precision)
 
     def torch_bf16_rate(self) -> float:
         """The PyTorch bf16 expert rate, or a one-line UsageError when this host profile does not state it."""
@@ -204,8 +187,6 @@ class HostProfile:
 
 
 DEFAULT_HOST_PROFILE = "desktop-ddr5"
-HOST_ISAS = ("amx", "avx512", "avx2")
-KERNEL_PRECISIONS = ("bf16", "int8", "int4")
 
 
 # ---- profile files -----------------------------------------------------------------------------------------------

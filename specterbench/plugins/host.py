@@ -157,6 +157,10 @@ class PluginHost:
         None)``. A name another plugin took with other figures is refused in one line."""
         profile, host_profile = load_profile_file(path)
         names = profile.name, host_profile.name if host_profile else None
+        taken = self.host_profiles().items.get(host_profile.name) if host_profile else None
+        if taken is not None and taken.obj != host_profile:
+            raise UsageError(f"--profile {path}: its host profile name {host_profile.name!r} is already taken by "
+                             f"{taken.plugin.name!r} with other figures; rename its [host_profile] (edit name)")
         known = self.profiles().items.get(profile.name)
         if known is not None:
             if known.obj != profile:

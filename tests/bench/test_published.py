@@ -111,6 +111,22 @@ def test_the_record_has_twelve_measurements_from_four_sources_and_the_components
     assert all(m.source and (m.kind == "component_ms" or m.strategy) for m in record)
 
 
+def test_the_record_has_the_setups_users_run_from_three_sources(host):
+    record = published_record.load_record(host)
+    users = [m for m in record if m.strategy in ("n-cpu-moe", "kt-hybrid")]
+    sources = {m.source.split(":")[0] for m in users}
+    assert len(users) >= 10 and len(sources) >= 3, sources
+    for m in users:
+        assert m.geometry in ("qwen3-30b-a3b", "deepseek-v3", "deepseek-coder-v2-lite") and m.host_profile
+        assert m.lengths and m.model and m.precision
+        if "Q4_K_M" in m.model:  # its real bits per weight are stated beside the priced format
+            assert "4.85 bpw" in m.model and m.precision.expert_bits == 4
+    ids = {m.id for m in users}
+    assert {"llamacpp-dsv3-2socket", "ktv02-dsv3-2socket"} <= ids
+    outcomes = [pub.Outcome(m, modeled=1.0) for m in users]
+    assert len(pub.pairs_of(outcomes)) >= 3  # KTransformers 1 and 2 sockets against llama.cpp, one hardware
+
+
 def test_every_same_hardware_setting_yields_pairs(host):
     outcomes = [pub.Outcome(m, modeled=1.0) for m in published_record.load_record(host)]
     pairs = pub.pairs_of(outcomes)
@@ -130,6 +146,12 @@ def test_components_are_priced_by_the_cost_model(host):
 @pytest.mark.parametrize("edit, message", [
     (lambda t: t.replace('standin = "tiny-mixtral"', 'standin = "tiny-mixtrol"', 1), "unknown model"),
     (lambda t: t.replace('profile = "a100-80g-pcie4"', 'profile = "a100-80g-pcie9"', 1), "unknown profile"),
+    (lambda t: t.replace('geometry = "qwen3-30b-a3b"', 'geometry = "qwen3-30b"', 1), "unknown geometry"),
+    (lambda t: t.replace('host_profile = "i9-10900x"', 'host_profile = "i9-10900k"', 1), "unknown host profile"),
+    (lambda t: t.replace('host_profile = "epyc-9355"\nbudget', 'host_profile = "epyc-9355"\nbudget', 1)
+     .replace('precision = { expert_bits = 16, dense_bits = 16 }\nprofile = "rtx5090-pcie5"',
+              'precision = { expert_bits = 8, dense_bits = 16 }\nprofile = "rtx5090-pcie5"', 1),
+     "'epyc-9355' states no expert_kernels.avx2.int8"),
     (lambda t: t.replace("value = 163.1", "value = -163.1", 1), "finite positive"),
     (lambda t: t.replace("value = 163.1", "value = inf", 1), "finite positive"),
     (lambda t: t.replace("expert_bits = 2,", "expert_bits = 5,", 1), "unknown precision"),

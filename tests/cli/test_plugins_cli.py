@@ -168,7 +168,9 @@ class Recorder:
         from specterbench.engine.profiles import HostProfile
 
         register(HostProfile(name="recorded-host", cpu="test CPU", mem_bytes_per_s=50e9, flops_per_s=1e12,
-                             threads=8, launch_us=5.0, sources=("made up for a test",)))
+                             threads=8, launch_us=5.0, sources=("made up for a test",),
+                             expert_kernels={"avx2": {"bf16": {"flops_per_s": 1e12, "bytes_per_s": 50e9,
+                                                               "source": "made up for a test"}}}))
 
     @hookimpl
     def specterbench_environment(self):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from support import bf16_kernels
 
 from specterbench.engine.costs import CostModel, HostOp
 from specterbench.engine.geometry import Geometry
@@ -13,7 +14,8 @@ GEO = Geometry("g", hidden=8, expert_intermediate=8, num_experts=4, top_k=2, moe
 # a 1 MB/s link, a host with 3 MB/s of DRAM: 2 MB/s left to the host while a copy runs; no latencies
 PROFILE = HardwareProfile("test", "test", flops_per_s=1e30, mem_bytes_per_s=1e6, link_bytes_per_s=1e6,
                           link_latency_us=0.0, launch_us=0.0, device_memory_bytes=1, sources=("test",))
-HOST = HostProfile("host", "cpu", mem_bytes_per_s=3e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",))
+HOST = HostProfile("host", "cpu", mem_bytes_per_s=3e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",),
+                   expert_kernels=bf16_kernels(3e6, 1e30))
 JOB = HostOp(flops=0.0, weight_bytes=6000.0, act_bytes=0.0)  # 2 ms alone at 3 MB/s
 
 
@@ -69,5 +71,5 @@ def test_queued_copies_count_as_busy_link_for_the_estimate():
 
 def test_the_cores_keep_at_least_half_of_a_host_barely_faster_than_its_link():
     slow = HostProfile("slow", "cpu", mem_bytes_per_s=1.5e6, flops_per_s=1e30, threads=1, launch_us=0.0,
-                       sources=("t",))
+                       sources=("t",), expert_kernels=bf16_kernels(1.5e6, 1e30))
     assert CostModel(PROFILE, GEO, slow).host_dram_share() == (1.5e6, 0.75e6)

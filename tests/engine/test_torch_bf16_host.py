@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 from cli_errors import one_line  # noqa: E402
+from support import bf16_kernels
 
 from specterbench.cli import main
 from specterbench.engine.costs import CostModel, HostOp
@@ -23,7 +24,7 @@ GEO = Geometry("g", hidden=8, expert_intermediate=8, num_experts=4, top_k=2, moe
 PROFILE = HardwareProfile("test", "test", flops_per_s=1e30, mem_bytes_per_s=1e6, link_bytes_per_s=1e6,
                           link_latency_us=0.0, launch_us=0.0, device_memory_bytes=1, sources=("test",))
 HOST = HostProfile("host", "cpu", mem_bytes_per_s=3e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",),
-                   torch_bf16_bytes_per_s=1.5e6)
+                   torch_bf16_bytes_per_s=1.5e6, expert_kernels=bf16_kernels(3e6, 1e30))
 JOB = HostOp(flops=0.0, weight_bytes=6000.0, act_bytes=0.0)
 FIDDLER_FILE = PROFILE_FILES_DIR / "fiddler-quadro-rtx6000.toml"
 

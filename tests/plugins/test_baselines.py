@@ -1,6 +1,6 @@
 import pytest
 import torch
-from support import route
+from support import bf16_kernels, route
 
 from specterbench.baselines import LFRU, LRU, ActivationAware, CpuExperts
 from specterbench.bench.budget import parse_budget
@@ -76,7 +76,8 @@ def test_host_compute_overlaps_device_compute():
     GEO = Geometry("g", hidden=8, expert_intermediate=8, num_experts=4, top_k=2, moe_layers=1, layers=1, heads=1,
                    kv_heads=1, head_dim=8, vocab=16)
     profile = default_profile()
-    host = HostProfile("h", "cpu", mem_bytes_per_s=1e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",))
+    host = HostProfile("h", "cpu", mem_bytes_per_s=1e6, flops_per_s=1e30, threads=1, launch_us=0.0, sources=("t",),
+                       expert_kernels=bf16_kernels(1e6, 1e30))
     clock = ModeledClock(profile, GEO, host)
     job = clock.run_on_host(lambda: None, HostOp(0, 2000, 0), 1)  # ≈ 2 ms on the host (plus two tiny link hops)
     clock.compute(0, profile.mem_bytes_per_s * 0.0015)  # 1.5 ms of device work meanwhile
