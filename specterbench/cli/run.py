@@ -41,6 +41,8 @@ def run_config(args, host):
     if not csv_list(args.budgets):
         raise UsageError("--budgets is empty; give e.g. --budgets 35%,50%")
     strategies = host.strategies().names() if args.strategies == "all" else csv_list(args.strategies)
+    if args.prompts <= 0:  # before run_prompts raises it to the largest batch
+        raise UsageError(f"PROMPTS must be positive, got {args.prompts}; give --prompts 1 or more")
     batches = parse_batches(args.batch)
     budgets = run_budgets(args, host)
     config = BenchConfig(
