@@ -19,6 +19,9 @@ DECODE ?= sample
 TEMPERATURE ?= 1.0
 GEOMETRY ?= auto
 GPU_MEMORY ?=
+PROMPT_TOKENS ?=
+DEPTH ?=
+OUTPUT ?= md
 FIT_MODEL ?= mixtral
 FIT_ARGS ?=
 BENCH_ARGS ?=
@@ -93,7 +96,9 @@ bench:
 	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) --budgets '$(BUDGETS)' \
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
 	  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) \
-	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(if $(GPU_MEMORY),--gpu-memory '$(GPU_MEMORY)') $(BENCH_ARGS)
+	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(if $(GPU_MEMORY),--gpu-memory '$(GPU_MEMORY)') \
+	  $(if $(PROMPT_TOKENS),--prompt-tokens $(PROMPT_TOKENS)) $(if $(DEPTH),--depth $(DEPTH)) --output $(OUTPUT) \
+	  $(BENCH_ARGS)
 
 # "what should I run on my card?": device memory swept over 8-80 GB, the best strategy per size and a plot
 # (modeled); MODEL defaults to mixtral here (its stand-in priced at Mixtral-8x7B's sizes without the checkpoint)

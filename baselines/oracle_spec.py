@@ -40,17 +40,19 @@ def window_trace(trace, num_layers: int, n_new: int, depth: int = MAX_WINDOW) ->
     """The reference's per-forward routing trace (prefill, then one forward per token) regrouped as the forwards of
     a perfectly accepted speculative decode: the prefill, then per window and layer the union of its tokens'
     experts. A window of depth ``k`` after ``m`` emitted tokens verifies the tokens of reference forwards
-    ``m .. m + k``."""
-    if len(trace) != num_layers * n_new:
+    ``m .. m + k``. A request with context (``--depth``) prefills it in a forward of its own first: those layer
+    calls lead the trace and stay in the prefill."""
+    context = len(trace) - num_layers * n_new
+    if context not in (0, num_layers):
         raise EngineViolation(f"oracle-spec: the reference trace has {len(trace)} layer calls, expected "
-                              f"{num_layers} layers x {n_new} forwards")
-    out = list(trace[:num_layers])
+                              f"{num_layers} layers x {n_new} forwards (one more with a context)")
+    out = list(trace[:context + num_layers])
     m = 1
     for k in window_lengths(n_new, depth):
         for layer in range(num_layers):
             experts = set()
             for f in range(m, m + k + 1):
-                experts.update(trace[f * num_layers + layer][1])
+                experts.update(trace[context + f * num_layers + layer][1])
             out.append((layer, tuple(sorted(experts))))
         m += k + 1
     return out

@@ -96,6 +96,9 @@ class Request:
     decode: DecodeSetting = GREEDY
     #: the reference's tokens and margins for a lossless check within numerics (set by the runner; None: none)
     numerics: NumericsGuide | None = None
+    #: leading positions of ``prompt_ids`` that are context (``--depth``): a KV cache's first forward prefills them
+    #: apart, outside the request's timing, then processes the rest of the prompt (the engine does this)
+    context_tokens: int = 0
 
     def sampler(self, record_margins: bool = False) -> TokenSampler:
         """The token chooser of this request (position 0 is the first prompt token); ``record_margins`` keeps the

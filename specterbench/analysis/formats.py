@@ -1,10 +1,13 @@
 """The printed table in the format a reader asks for (``--output``): markdown for people, csv / json / jsonl for
-programs, as llama-bench offers them. The machine formats carry every column of the table, one record per row, and
-read back with pandas (``read_csv``, ``read_json``, ``read_json(lines=True)``)."""
+programs, as llama-bench offers them. The table has one line per test (:mod:`specterbench.analysis.pp_tg`); the
+machine formats carry every column of it, tokens/s and its standard deviation as two numbers, one record per line,
+and read back with pandas (``read_csv``, ``read_json``, ``read_json(lines=True)``). ``--wide`` markdown is the
+per-cell table of summary.md, every metric."""
 
 from __future__ import annotations
 
-from specterbench.analysis.report import render_markdown, summary_table
+from specterbench.analysis.pp_tg import render_tests_markdown, table_of_tests
+from specterbench.analysis.report import render_markdown
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import ResultRow
 
@@ -24,18 +27,18 @@ def check_format(name: str) -> str:
 
 
 def machine_frame(rows: list[ResultRow]):
-    """The table as a program reads it: every column of the wide table, plain values, no markdown."""
-    return summary_table(rows)
+    """The table as a program reads it: every column of the test table, plain values, no markdown."""
+    return table_of_tests(rows)
 
 
 def render(rows: list[ResultRow], fmt: str, wide: bool = False) -> str:
     """The table of ``rows`` in ``fmt`` (:data:`FORMATS`); md: :func:`~specterbench.analysis.report.render_markdown`."""
     check_format(fmt)
     if fmt == "md":
-        return render_markdown(rows, wide=wide)
+        return render_markdown(rows, wide=True) if wide else render_tests_markdown(rows)
     df = machine_frame(rows)
     if fmt == "csv":
         return df.to_csv(index=False)
     if fmt == "json":
-        return df.to_json(orient="records", indent=1) + "\n"
-    return df.to_json(orient="records", lines=True) if not df.empty else ""
+        return df.to_json(orient="records", indent=1, double_precision=15) + "\n"
+    return df.to_json(orient="records", lines=True, double_precision=15) if not df.empty else ""

@@ -33,8 +33,9 @@ def p90(xs):
     return s[min(len(s) - 1, int(round(0.9 * (len(s) - 1))))]
 
 
-def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
-    """The row's speed, traffic and cache metrics from the engine and the per-request samples (warm-up excluded)."""
+def fill_metrics(row: ResultRow, engine, strategy, all_samples, prompt_lengths=None) -> None:
+    """The row's speed, traffic and cache metrics from the engine and the per-request samples (warm-up excluded);
+    ``prompt_lengths``: each request's prompt tokens, for its prefill rate."""
     ttft, tpot, host, tokens, decode_s = [], [], [], 0, 0.0
     for samples in all_samples:
         first, rest = samples[0], samples[1:]
@@ -66,8 +67,25 @@ def fill_metrics(row: ResultRow, engine, strategy, all_samples) -> None:
     row.stall_ms_per_token = (decode_stall_s * 1e3 / decode_tokens if decode_tokens and row.clock != "host"
                               else None)
     row.peak_cache_bytes = engine.cache.peak_bytes
-    row.samples = {"tpot_ms": tpot if row.clock != "host" else [], "host_ms": host, "ttft_ms": ttft}
+    row.samples = {"tpot_ms": tpot if row.clock != "host" else [], "host_ms": host, "ttft_ms": ttft,
+                   **request_rates(all_samples, prompt_lengths, row.clock != "host")}
     row.extra.update(strategy.metrics())
+
+
+def request_rates(all_samples, prompt_lengths, device_clock: bool) -> dict:
+    """Per request: its prompt's length, its prefill rate (prompt tokens over the time to the first token) and its
+    generation rate (tokens after the first over their time), in tokens/s — the repeats a mean ± standard deviation
+    is taken over."""
+    pp, tg = [], []
+    lengths = list(prompt_lengths) if prompt_lengths is not None else []
+    for i, samples in enumerate(all_samples):
+        seconds = [s.clock_s if device_clock else s.wall_s for s in samples]
+        if i < len(lengths) and seconds[0] > 0:
+            pp.append(lengths[i] / seconds[0])
+        decoded, spent = sum(s.tokens for s in samples[1:]), sum(seconds[1:])
+        if decoded and spent > 0:
+            tg.append(decoded / spent)
+    return {"prompt_tokens": lengths, "pp_tokens_per_s": pp, "tg_tokens_per_s": tg}
 
 
 def check_tokens(row: ResultRow, outputs, reference, lossless: bool, numerics: TokenNumerics | None = None) -> None:

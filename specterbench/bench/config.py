@@ -45,6 +45,8 @@ class BenchConfig:
     precision: Precision = BF16  # the target's stored weights (--expert-bits, --dense-bits): quantized before the
     # reference is recorded, so the reference is the quantized model itself
     cuda_graphs: str = "auto"  # --cuda-graphs: auto (capture on CUDA, eager elsewhere or on failure) | off
+    prompt_tokens: tuple[int, ...] = ()  # --prompt-tokens: prompts of exactly these lengths (bench.prompts)
+    depths: tuple[int, ...] = (0,)  # --depth: context prefilled before each prompt, outside the timing
     batches: tuple[int, ...] = (1,)  # --batch: requests decoding together per cell (bench.batching)
 
     def __post_init__(self):
@@ -65,6 +67,9 @@ class BenchConfig:
         if not self.batches or min(self.batches) < 1:
             raise UsageError(f"--batch {','.join(map(str, self.batches))}: a batch is a positive number of requests, "
                              f"e.g. --batch 1,4,16")
+        if max(self.depths, default=0) > 0 and max(self.batches) > 1:
+            raise UsageError("--depth with --batch above 1 is not supported (a batch's requests share one prefill); "
+                             "run the depths at --batch 1")
         if self.clock not in ("modeled", "measured"):
             raise UsageError(f"unknown clock {self.clock!r}; use 'modeled' or 'measured'")
         if not self.budgets:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from specterbench.plugins.registry import warn
 from specterbench.strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -75,3 +76,23 @@ def reference_strategy(engine: Engine, budget_bytes: int | None = None) -> tuple
     if nbytes >= total:
         return ReferenceStrategy(), total
     return StreamingReference(), nbytes
+
+
+#: the warm-up prompt when every calibration prompt is a measured one too (Sonnet 18 is public domain)
+WARMUP_TEXT = ("Sometime too hot the eye of heaven shines, and often is his gold complexion dimm'd; and every fair "
+               "from fair sometime declines, by chance or nature's changing course untrimm'd.")
+
+
+_WARNED_WARMUP: set[type] = set()
+
+
+def warns_warmup_metrics(cls: type, plugin: str) -> bool:
+    """True (and one warning per class and process) when ``cls`` reports :meth:`Strategy.metrics` but has no
+    :meth:`Strategy.on_warmup_end` to restart them: its metrics then include the warm-up request."""
+    if cls.metrics is Strategy.metrics or cls.on_warmup_end is not Strategy.on_warmup_end:
+        return False
+    if cls not in _WARNED_WARMUP:
+        _WARNED_WARMUP.add(cls)
+        warn(f"strategy {cls.name!r} (plugin {plugin!r}) reports metrics() but has no on_warmup_end(): its metrics "
+             f"include the warm-up request; restart its counters in on_warmup_end (or run with --no-warmup)")
+    return True

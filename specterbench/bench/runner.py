@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 
 from specterbench.bench import batching
+from specterbench.bench import prompts as prompts_axis
 from specterbench.bench.budget import Budget
 from specterbench.bench.cell_metrics import TokenNumerics, check_tokens, fill_metrics, peak_rss_bytes, samples_of
 from specterbench.bench.checks import check_context, check_device_memory, check_workload_size
@@ -22,7 +23,7 @@ from specterbench.bench.config import BenchConfig
 from specterbench.bench.device_memory import resolve_cards
 from specterbench.bench.failures import describe_failure, where
 from specterbench.bench.progress import CellProgress
-from specterbench.bench.resident import Reference, reference_strategy
+from specterbench.bench.resident import WARMUP_TEXT, Reference, reference_strategy, warns_warmup_metrics
 from specterbench.bench.workloads import load_workload
 from specterbench.engine.costs import CostModel
 from specterbench.engine.cuda_clock import CudaClock, HostPool
@@ -35,30 +36,10 @@ from specterbench.engine.numerics import NumericsGuide, margin_tolerance
 from specterbench.engine.precision import quantize_model
 from specterbench.errors import BudgetError, EngineViolation, SpecterbenchError, UsageError
 from specterbench.plugins.host import PluginHost
-from specterbench.plugins.registry import warn
 from specterbench.runfiles.reference import write_reference
 from specterbench.runfiles.results import ResultRow, RowWriter, read_rows, strategy_label
 from specterbench.runfiles.rundir import run_identity
-from specterbench.strategy import Request, RoutingCalibration, Strategy
-
-#: the warm-up prompt when every calibration prompt is a measured one too (Sonnet 18 is public domain)
-WARMUP_TEXT = ("Sometime too hot the eye of heaven shines, and often is his gold complexion dimm'd; and every fair "
-               "from fair sometime declines, by chance or nature's changing course untrimm'd.")
-
-
-_WARNED_WARMUP: set[type] = set()
-
-
-def warns_warmup_metrics(cls: type, plugin: str) -> bool:
-    """True (and one warning per class and process) when ``cls`` reports :meth:`Strategy.metrics` but has no
-    :meth:`Strategy.on_warmup_end` to restart them: its metrics then include the warm-up request."""
-    if cls.metrics is Strategy.metrics or cls.on_warmup_end is not Strategy.on_warmup_end:
-        return False
-    if cls not in _WARNED_WARMUP:
-        _WARNED_WARMUP.add(cls)
-        warn(f"strategy {cls.name!r} (plugin {plugin!r}) reports metrics() but has no on_warmup_end(): its metrics "
-             f"include the warm-up request; restart its counters in on_warmup_end (or run with --no-warmup)")
-    return True
+from specterbench.strategy import Request, RoutingCalibration
 
 
 def make_clock(config: BenchConfig, host: PluginHost, engine: Engine, host_pool=None):
@@ -104,6 +85,7 @@ class Runner:
                          if r.status != "error"}
         self.rows: list[ResultRow] = []
         self._host_pool: HostPool | None = None  # one pool for host experts per run (CUDA)
+        self.contexts: dict[str, int] = {}  # prompt id -> its leading context tokens (--depth), for its requests
         self.budgets = config.budgets  # a card's memory resolved per model (device_memory.resolve_cards)
 
     @property
@@ -151,39 +133,50 @@ class Runner:
         torch.set_num_threads(cfg.threads)
         texts = load_prompts(cfg.workload, cfg.prompts)
         check_workload_size(cfg.workload, cfg.prompts, texts)  # before any model loads
-        plan = {m: [c for c in batching.batch_cells(self, m) if c[0] not in self.done]
-                for m in dict.fromkeys(cfg.models)}
+        plan = {m: [c for c in prompts_axis.shaped_cells(self, m, batching.batch_cells(self, m))
+                    if c[0] not in self.done] for m in dict.fromkeys(cfg.models)}
         eta = CellProgress(sum(len(todo) for todo in plan.values()), self.progress)
         for model_name, todo in plan.items():  # a model named twice runs once
             if not todo:
                 continue
             engine = self.load_engine(model_name)
-            prompts = encode_prompts(engine, texts, cfg.max_prompt_tokens)
-            if cfg.batches != (1,):  # a batch decodes requests of one length
-                prompts = batching.cut_to_shortest(prompts)
-            check_context(engine, prompts, cfg.tokens)
-            self.budgets = resolve_cards(cfg.budgets, engine, max(len(ids) for _, ids in prompts), cfg.tokens, cfg)
-            self.check_budgets(engine)
-            batching.check_fit(self, engine, prompts)
-            self.check_device_memory(engine, prompts)  # before minutes of reference and calibration passes
-            reference = self.record_reference(engine, prompts)
-            write_reference(self.run_dir, model=model_name, workload=cfg.workload, decode=cfg.decode,
-                            prompts=prompts, reference=reference, tokenizer=engine.tokenizer, top_k=engine.top_k)
             calibration = None
-            resolved = {b.key(): b for b in self.budgets}
-            for key, sname, cls, budget, repeat, batch in todo:
-                budget = resolved.get(budget.key(), budget)
-                if cls.uses_calibration and calibration is None and not batching.unsupported_class(cls, batch):
-                    calibration = self.calibrate(engine)
-                eta.start(f"{model_name} · {strategy_label(sname, cfg.strategy_options.get(sname))} @ {budget.text}"
-                          + (f" (repeat {repeat})" if cfg.repeats > 1 else "")
-                          + (f" × batch {batch}" if cfg.batches != (1,) else ""))
-                row = self.run_cell(engine, key, sname, cls, budget, repeat, prompts, reference, calibration,
-                                    batch=batch)
-                self.writer.append(row)
-                self.rows.append(row)
-                self.host.pm.hook.specterbench_row_written(row=row)
+            for shape in dict.fromkeys(c[-1] for c in todo):  # each prompt length and depth: its prompts, reference
+                calibration = self._run_shape(engine, model_name, texts, shape, [c for c in todo if c[-1] == shape],
+                                              calibration, eta)
         return self.rows
+
+    def _run_shape(self, engine, model_name, texts, shape, todo, calibration, eta):
+        """The cells of one prompt length and depth: their prompts, checks, reference, then each cell's row.
+        Returns the model's routing calibration (made once, by the first cell that needs it)."""
+        cfg = self.config
+        prompts = prompts_axis.prompts_for(engine, encode_prompts(engine, texts, cfg.max_prompt_tokens),
+                                           load_prompts(cfg.workload, 10**6), cfg.prompts, shape, cfg.tokens)
+        if cfg.batches != (1,):  # a batch decodes requests of one length
+            prompts = batching.cut_to_shortest(prompts)
+        check_context(engine, prompts, cfg.tokens)
+        self.budgets = resolve_cards(cfg.budgets, engine, max(len(ids) for _, ids in prompts), cfg.tokens, cfg)
+        self.check_budgets(engine)
+        batching.check_fit(self, engine, prompts)
+        self.check_device_memory(engine, prompts)  # before minutes of reference and calibration passes
+        self.contexts = {pid: shape.depth for pid, _ in prompts}
+        reference = self.record_reference(engine, prompts)
+        write_reference(self.run_dir, model=model_name, workload=cfg.workload + shape.suffix, decode=cfg.decode,
+                        prompts=prompts, reference=reference, tokenizer=engine.tokenizer, top_k=engine.top_k)
+        resolved = {b.key(): b for b in self.budgets}
+        for key, sname, cls, budget, repeat, batch, _ in todo:
+            budget = resolved.get(budget.key(), budget)
+            if cls.uses_calibration and calibration is None and not batching.unsupported_class(cls, batch):
+                calibration = self.calibrate(engine)
+            eta.start(f"{model_name} · {strategy_label(sname, cfg.strategy_options.get(sname))} @ {budget.text}"
+                      + (f" (repeat {repeat})" if cfg.repeats > 1 else "")
+                      + (f" × batch {batch}" if cfg.batches != (1,) else "") + shape.progress)
+            row = self.run_cell(engine, key, sname, cls, budget, repeat, prompts, reference, calibration,
+                                batch=batch, shape=shape)
+            self.writer.append(row)
+            self.rows.append(row)
+            self.host.pm.hook.specterbench_row_written(row=row)
+        return calibration
 
     def load_engine(self, model_name: str) -> Engine:
         spec = self.host.models().get(model_name)
@@ -258,7 +251,8 @@ class Runner:
         strategy.prepare(engine)
         out, traces = {}, {}
         for pid, ids in prompts:
-            request = Request(pid, ids, tokens, decode=self.config.decode)
+            request = Request(pid, ids, tokens, decode=self.config.decode,
+                              context_tokens=self.contexts.get(pid, 0))
             engine.begin_request(request)
             rec = engine.start_recording()
             sampler = request.sampler(record_margins=True)
@@ -298,7 +292,7 @@ class Runner:
 
     # ---- one cell ----------------------------------------------------------------------------------
     def run_cell(self, engine, key, sname, cls, budget, repeat, prompts, reference, calibration,
-                 batch: int = 1) -> ResultRow:
+                 batch: int = 1, shape: prompts_axis.Shape = prompts_axis.Shape()) -> ResultRow:
         cfg = self.config
         total = engine.total_expert_bytes
         nbytes = budget.resolve(total)
@@ -315,7 +309,7 @@ class Runner:
             clock=cfg.clock if (cfg.clock == "modeled" or engine.device.type == "cuda") else "host",
             workload=cfg.workload, prompts=len(prompts), new_tokens=cfg.tokens, seed=cfg.seed, repeat=repeat,
             decode=cfg.decode.to_dict(), precision=cfg.precision.label(), env=self.env)
-        row.batch = batch
+        row.batch, row.prompt_tokens, row.depth_tokens = batch, shape.length, shape.depth
         if kv_charged:
             row.extra["kv_bytes"], row.extra["kv_bytes_priced"] = kv_charged, kv_priced
         if batching.unsupported(row, cls, batch):
@@ -346,7 +340,7 @@ class Runner:
                     guides[pid] = NumericsGuide({len(ids) + i: t for i, t in enumerate(reference.tokens[pid])},
                                                 reference.margins.get(pid) or {}, tolerance)
                 return Request(pid, ids, cfg.tokens, reference.tokens[pid], reference.traces[pid], cfg.decode,
-                               guides.get(pid))
+                               guides.get(pid), context_tokens=self.contexts.get(pid, 0))
 
             if cfg.warmup:
                 pid, ids = reference.warmup  # a calibration prompt: no measured prompt is seen before it is measured
@@ -365,7 +359,8 @@ class Runner:
             held = drafts_allocated_bytes(engine)  # copies a strategy drops mid-cell still count at their peak
             outputs, all_samples, steps = batching.decode_cell(engine, strategy, prompts, request, batch)
             row.strategy_device_bytes_allocated = max(held, drafts_allocated_bytes(engine))
-            fill_metrics(row, engine, strategy, all_samples)
+            fill_metrics(row, engine, strategy, all_samples,
+                         [len(ids) - self.contexts.get(pid, 0) for pid, ids in prompts])
             batching.fill_batch_metrics(row, engine, steps, batch)
             check_tokens(row, outputs, reference, cls.lossless, TokenNumerics(
                 dict(prompts), engine.compute_dtype, layers, cfg.decode,

@@ -29,6 +29,7 @@ def run_config(args, host):
     """The :class:`BenchConfig` of parsed ``run`` options (validated: a bad input is one UsageError line)."""
     from specterbench.bench.batching import parse_batches, run_prompts
     from specterbench.bench.config import BenchConfig
+    from specterbench.bench.prompts import parse_tokens
 
     if args.tokens <= 0:
         raise UsageError(f"--tokens must be a positive number of new tokens, got {args.tokens}")
@@ -40,6 +41,8 @@ def run_config(args, host):
     if not csv_list(args.budgets):
         raise UsageError("--budgets is empty; give e.g. --budgets 35%,50%")
     strategies = host.strategies().names() if args.strategies == "all" else csv_list(args.strategies)
+    if args.prompts <= 0:  # before run_prompts raises it to the largest batch
+        raise UsageError(f"PROMPTS must be positive, got {args.prompts}; give --prompts 1 or more")
     batches = parse_batches(args.batch)
     budgets = run_budgets(args, host)
     config = BenchConfig(
@@ -51,7 +54,8 @@ def run_config(args, host):
         device=args.device, threads=args.threads, warmup=not args.no_warmup,
         strategy_options=strategy_options(args.set),
         decode=decode_setting(args), precision=precision_setting(args), cuda_graphs=args.cuda_graphs,
-        batches=batches)
+        batches=batches, prompt_tokens=parse_tokens("--prompt-tokens", args.prompt_tokens, zero=False),
+        depths=parse_tokens("--depth", args.depth, zero=True) or (0,))
     config.validate(host)
     from specterbench.bench.batching import check_batches
     from specterbench.bench.checks import check_workload_size
@@ -253,6 +257,12 @@ def add_parser(sub) -> None:
     s.add_argument("--tokens", type=int, default=32, help="new tokens per prompt")
     s.add_argument("--prompts", type=int, default=8, help="prompts from the workload")
     s.add_argument("--workload", default="shakespeare-heldout-v1")
+    s.add_argument("--prompt-tokens", default=None, metavar="N[,N...]", help="prompts of exactly N tokens cut "
+                   "from the workload's held-out text (joined and repeated as needed); default: its prompts as they "
+                   "are (at most 64 tokens). Tests are named ppN")
+    s.add_argument("--depth", default=None, metavar="D[,D...]", help="D tokens of context prefilled before each "
+                   "prompt, outside the timing (llama-bench's -d); prefill and decode are timed at that depth "
+                   "(tests pp… @ dD, tg… @ dD). Default 0")
     s.add_argument("--repeats", type=int, default=1)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--device", default="cpu")

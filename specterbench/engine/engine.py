@@ -98,6 +98,7 @@ class Engine(CacheControl, CellSetup):
         self._pending: set = set()
         self._routed_guard = False
         self._mark = (0.0, 0.0, 0.0)
+        self.context_tokens = 0  # the request's leading prompt positions prefilled outside its timing (--depth)
         self.graphs = GraphController(self)  # CUDA graphs of the MoE layers' static pieces (--cuda-graphs)
         self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
         self.clock.costs.kernels = self.kernels
@@ -166,7 +167,24 @@ class Engine(CacheControl, CellSetup):
         ``dense``: a :class:`~specterbench.engine.dense_copy.QuantizedDense` swapped in for this pass (a draft's
         low-bit attention, shared experts and head), its weights priced at its ``bytes_ratio``.
         """
+        D = self.context_tokens
+        if D and 0 < D < input_ids.shape[1] and input_ids.shape[0] == 1 and kv.get_seq_length() == 0:
+            return self._after_context(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)
         return self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
+
+    def _after_context(self, input_ids: torch.Tensor, kv, **kw) -> torch.Tensor:
+        """A request's first forward over its context and prompt (``request.context_tokens`` > 0, ``--depth``): the
+        context is prefilled first, priced as any forward, and the request's timing mark moves past it — its
+        time, stall and link bytes belong to no sample — then the prompt is processed at that depth."""
+        D = self.context_tokens
+        self.clock.sync()
+        before = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
+        head = self._forward(input_ids[:, :D], kv, **kw)[0].float()  # [D or 1, V]
+        self.clock.sync()
+        after = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
+        self._mark = tuple(m + (a - b) for m, a, b in zip(self._mark, after, before))
+        tail = self._forward(input_ids[:, D:], kv, **kw)[0].float()  # [T - D or 1, V]
+        return torch.cat([head, tail]) if kw.get("all_logits") else tail
 
     @torch.inference_mode()
     def _forward(self, input_ids: torch.Tensor, kv, *, all_logits: bool = False, experts=None,
@@ -206,6 +224,7 @@ class Engine(CacheControl, CellSetup):
     def begin_request(self, request: "Request") -> None:
         self.clock.settle()
         self.samples = []
+        self.context_tokens = int(getattr(request, "context_tokens", 0) or 0)
         self.clock.sync()
         self._mark = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self.strategy.on_request_start(request)

@@ -60,6 +60,8 @@ class ResultRow:
     new_tokens: int
     seed: int
     repeat: int
+    prompt_tokens: int | None = None  # every prompt's length when asked for (--prompt-tokens); None: the workload's
+    depth_tokens: int = 0  # context prefilled before each prompt, outside the timed part (--depth)
     precision: str = "bf16"  # the target's stored weights: bf16, or e.g. "experts int4/g128" (--expert-bits)
     decode: dict = field(default_factory=lambda: {"mode": "greedy"})  # DecodeSetting.to_dict(): how tokens were chosen
     status: str = "ok"  # ok | diverged | error | unsupported (a batch past the strategy's max_batch: not run)
