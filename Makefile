@@ -19,6 +19,8 @@ DECODE ?= sample
 TEMPERATURE ?= 1.0
 GEOMETRY ?= auto
 GPU_MEMORY ?=
+FIT_MODEL ?= mixtral
+FIT_ARGS ?=
 BENCH_ARGS ?=
 GRID ?= examples/grid.toml
 EVAL_MODEL ?= tiny-mixtral,tiny-qwen-moe
@@ -60,7 +62,7 @@ README_STRATEGIES ?= on-demand,lru,static,activation-aware,cpu-experts,n-cpu-moe
 README_ARGS = results/reference --model $(README_MODEL) --strategies $(README_STRATEGIES) \
   --command "specterbench run --model $(README_MODEL) $(GATE_RUN_ARGS)"
 
-.PHONY: install bench lint test readme readme-check test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
+.PHONY: install bench fit fit-figure lint test readme readme-check test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
 
 # pip's own lines ("Collecting …", "Installing collected packages …", a download bar on a terminal) say what is
 # being installed; PIP_ARGS=-q silences them, PIP_ARGS="--progress-bar off" keeps the lines without the bars
@@ -92,6 +94,17 @@ bench:
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
 	  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) \
 	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(if $(GPU_MEMORY),--gpu-memory '$(GPU_MEMORY)') $(BENCH_ARGS)
+
+# "what should I run on my card?": device memory swept over 8-80 GB, the best strategy per size and a plot
+# (modeled); MODEL defaults to mixtral here (its stand-in priced at Mixtral-8x7B's sizes without the checkpoint)
+fit:
+	$(BIN)/specterbench fit --model $(if $(filter command line,$(origin MODEL)),$(MODEL),$(FIT_MODEL)) \
+	  --profile $(PROFILE) $(FIT_ARGS)
+
+# the figure docs/fit.md shows (regenerate after a pricing change)
+fit-figure:
+	$(BIN)/specterbench fit --model mixtral --profile a100-40g-pcie4 --plot docs/img/fit-mixtral.png \
+	  --out results --run-id fit-mixtral-figure-$$(date +%Y%m%d-%H%M%S) $(FIT_ARGS)
 
 readme:
 	$(BIN)/specterbench readme $(README_ARGS)

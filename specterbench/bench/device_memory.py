@@ -90,7 +90,7 @@ def resolve_cards(budgets, engine, longest_prompt: int, new_tokens: int, config=
     geometry and precision at the cell's context: the longest prompt, the context depth (when the run has one) and
     the new tokens, for every request of a batch (when the run has one); the largest forward is the prompt's
     prefill. Other budgets pass through. A card too small is one BudgetError line."""
-    depth = _largest(getattr(config, "depth", None), 0)
+    depth = _largest(getattr(config, "depths", None) or getattr(config, "depth", None), 0)
     batch = _largest(getattr(config, "batch", None), 1)
     out = []
     for b in budgets:

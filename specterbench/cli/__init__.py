@@ -14,6 +14,7 @@ import sys
 from specterbench.bench.progress import quiet_library_bars
 from specterbench.cli import (
     calibrate,
+    fit,
     gate,
     listing,
     maintain,
@@ -29,7 +30,8 @@ from specterbench.cli import (
 from specterbench.errors import SpecterbenchError
 
 #: the commands, in the order ``specterbench --help`` lists them
-COMMANDS = (listing, run, sweep, quality, overhead, results, gate, calibrate, published, studies, wallclock, maintain)
+COMMANDS = (listing, run, sweep, fit, quality, overhead, results, gate, calibrate, published, studies, wallclock,
+            maintain)
 
 
 class Parser(argparse.ArgumentParser):

@@ -78,7 +78,7 @@ def _run_folder(args, argv: list[str], host) -> Path:
         _local_files(args, host, argv)
         return run_dir
     _local_files(args, host, argv)
-    _stand_in_for_a_missing_preset(args)
+    stand_in_for_a_missing_preset(args)
     if not csv_list(args.model):
         raise UsageError("--model is empty; name a model (e.g. --model tiny-qwen-moe; `specterbench list` shows "
                          "them)")
@@ -117,7 +117,7 @@ def _local_files(args, host, argv: list[str]) -> None:
         args.model = host.register_local_model(args.model_path)
 
 
-def _stand_in_for_a_missing_preset(args) -> None:
+def stand_in_for_a_missing_preset(args) -> None:
     """``--model mixtral`` on a machine without its checkpoint (and no ``--model-path``) runs the shipped stand-in
     priced at Mixtral-8x7B's sizes, saying so in one line; on the modeled clock only (a measured run of a stand-in
     would time the stand-in, not the model)."""

@@ -85,3 +85,26 @@ def test_make_bench_passes_gpu_memory_only_when_given():
 
     assert "--gpu-memory '24GiB,48GiB'" in dry("GPU_MEMORY=24GiB,48GiB")
     assert "--gpu-memory" not in dry()
+
+
+def test_a_batch_axis_puts_its_largest_batchs_kv_on_the_card_once(host, tmp_path, capsys):
+    from specterbench.bench.device_memory import kv_bytes_per_token
+
+    code, _, err = run(tmp_path, capsys, "--gpu-memory", "48GiB", "--batch", "1,2", "--strategies", "lru",
+                       "--prompts", "2")
+    assert code == 0, err
+    rows = [json.loads(line) for line in (tmp_path / "r" / "rows.jsonl").read_text().splitlines()]
+    assert sorted(r["batch"] for r in rows) == [1, 2]
+    for r in rows:  # the card's plan holds batch 2's KV; nothing more is charged to the experts' share
+        p = r["extra"]["device_plan"]
+        assert p["batch"] == 2
+        assert p["kv_bytes"] == kv_bytes_per_token(geometry_preset("mixtral")) * p["context_tokens"] * 2
+        assert "kv_bytes" not in r["extra"]
+
+
+def test_a_card_run_resumes_with_its_saved_card(host, tmp_path, capsys):
+    code, _, err = run(tmp_path, capsys, "--gpu-memory", "48GiB", "--strategies", "lru")
+    assert code == 0, err
+    assert main(["run", "--resume", str(tmp_path / "r"), "--quiet"]) == 0
+    rows = (tmp_path / "r" / "rows.jsonl").read_text().splitlines()
+    assert len(rows) == 1 and json.loads(rows[0])["extra"]["device_plan"]["card_bytes"] == 48 * GIB

@@ -1,9 +1,11 @@
 """Speculation with a separate small draft: ``spec-small``, a dense draft model verified as Specter verifies.
 
 The system it stands for is llama.cpp's ``-md`` (``--model-draft``) and vLLM's draft-model speculator: a small dense
-model of the target's family, sharing its tokenizer, proposes up to ``k`` tokens greedily from its own KV cache;
-the target verifies them in one forward pass and keeps the agreeing prefix plus its own next token, so the output
-is the target's under greedy and sampled decoding. The draft (``draft=auto``: the one sharing the target's
+model of the target's family, sharing its tokenizer, proposes up to ``k`` tokens greedily from its own KV cache,
+stopping before a token whose probability under the draft is below ``p_min`` (llama.cpp's ``--draft-p-min`` and its
+default; ``p_min=0``: always ``k``, as vLLM's fixed ``num_speculative_tokens``); the target verifies them in one
+forward pass and keeps the agreeing prefix plus its own next token, so the output is the target's under greedy and
+sampled decoding. The draft (``draft=auto``: the one sharing the target's
 tokenizer) is ``tiny-draft`` on the stand-ins, trained by the project on their corpus with their tokenizer, and a
 seeded random one on the ``tiny-random-*`` test models (:mod:`specterbench.catalog.drafts`); it really runs, on the
 engine's device.
@@ -35,6 +37,9 @@ from specterbench.strategy import FETCH, ON_HOST
 from .decoding import MAX_K, SpeculativeDecoding
 from .eviction import CacheOrder
 
+#: a proposal needs at least this probability under the draft, else the window stops before it: llama.cpp's default
+#: (``common_speculative_params::p_min`` in common/speculative.h, ``--draft-p-min``)
+P_MIN = 0.75
 #: under a projection the draft is priced as a dense draft of the projected model's family at this size, with the
 #: projected model's vocabulary: 24 layers, hidden 1024, MLP 5632, 16 heads of 64 (4 KV heads) — about 0.5B
 #: parameters with Mixtral's 32000-token vocabulary, the size of the small drafts served beside such targets
@@ -81,7 +86,7 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
 
     @classmethod
     def option_names(cls):
-        return ("k", "draft", "host")
+        return ("k", "p_min", "draft", "host")
 
     @classmethod
     def parse_depth(cls, value):
@@ -93,6 +98,17 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
             raise UsageError(f"option k={value!r} is invalid: use the most tokens the draft proposes, 1 to {MAX_K}")
         return k
 
+    @staticmethod
+    def parse_p_min(value) -> float:
+        try:
+            p = float(value)
+        except (TypeError, ValueError):
+            p = -1.0
+        if not 0.0 <= p < 1.0:
+            raise UsageError(f"option p_min={value!r} is invalid: use the least draft probability a proposal needs, "
+                             f"from 0 (always propose k) to below 1")
+        return p
+
     @classmethod
     def validate_options(cls, options: dict) -> None:
         unknown = sorted(set(options) - set(cls.option_names()))
@@ -102,6 +118,7 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
         cls.parse_depth(options.get("k", cls.k_default))
         if str(options.get("host", "auto")) not in ("auto", "off"):
             raise UsageError(f"option host={options.get('host')!r} is invalid: use one of auto, off")
+        cls.parse_p_min(options.get("p_min", P_MIN))
         if str(options.get("draft", "auto")) not in ("auto", *drafts.DRAFT_MODELS):
             raise UsageError(f"option draft={options.get('draft')!r} is invalid: use auto (the draft that shares the "
                              f"target's tokenizer) or one of {', '.join(drafts.DRAFT_MODELS)}")
@@ -153,6 +170,9 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
     def __init__(self, **options):
         super().__init__(**options)
         self.host_option = str(options.get("host", "auto"))
+        self.p_min = self.parse_p_min(options.get("p_min", P_MIN))
+        self.pending: list[int] = []
+        self.window_start = self.fed = 0
         self.sizes: dict | None = None
         self.dkv = None
         self.dkv_len = 0
@@ -161,9 +181,7 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
         """One draft, no fallback: ``check_budget`` refuses a budget it does not fit."""
 
     def draft_bytes(self, engine) -> int:
-        if self.sizes is None:
-            self.sizes = self.draft_sizes(engine, self.options)
-        return self.sizes["charged"]
+        return self.draft_sizes(engine, self.options)["charged"]
 
     def attach_draft(self, engine) -> None:
         self.draft = self.dense = None  # no self-draft copies: the separate model proposes
@@ -196,13 +214,32 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
 
     # ---- decoding --------------------------------------------------------------------------------------
     def choose_k(self, remaining: int) -> int:
-        """``k`` proposals, one fewer than the tokens left (the verification adds its own); none: a plain step."""
-        return min(self.k, remaining - 1) if remaining > 1 else 0
+        """The draft proposes here, before the window: up to ``k`` tokens (one fewer than the tokens left: the
+        verification adds its own), stopping before the first whose probability under the draft is below ``p_min``
+        (llama.cpp's ``--draft-p-min``); none proposed: a plain step. Its forwards count as draft time."""
+        n = min(self.k, remaining - 1)
+        self.pending = []
+        if n < 1:
+            return 0
+        clock = self.engine.clock
+        t0 = clock.now()
+        self.window_start = len(self.seq)
+        self.fed = 0  # proposals the draft has read (its KV cache holds them)
+        token, p = self._draft_forward(self.engine, self.seq[self.dkv_len:])
+        while p >= self.p_min:
+            self.pending.append(token)
+            if len(self.pending) == n:
+                break
+            token, p = self._draft_forward(self.engine, [token])
+            self.fed += 1
+        self.draft_s += clock.now() - t0
+        return len(self.pending)
 
     @torch.inference_mode()
-    def _draft_forward(self, engine, ids: list[int]) -> int:
-        """Feed ``ids`` to the draft over its KV cache and return its greedy next token; the forward is charged on
-        the compute stream as a dense model at the priced geometry (its layers, head and the on-device pick)."""
+    def _draft_forward(self, engine, ids: list[int]) -> tuple[int, float]:
+        """Feed ``ids`` to the draft over its KV cache; its greedy next token and that token's probability. The
+        forward is charged on the compute stream as a dense model at the priced geometry (its layers, head and the
+        on-device pick)."""
         context = self.dkv_len + len(ids)
         costs = self.draft_costs
         for _ in range(costs.geometry.layers):
@@ -212,20 +249,17 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
         out = self.draft_model(input_ids=torch.tensor([ids], device=engine.device), use_cache=True,
                                logits_to_keep=1, **{self.draft_kwarg: self.dkv})
         self.dkv_len = context
-        return int(out.logits[0, -1].argmax())
+        probs = out.logits[0, -1].float().softmax(-1)
+        token = int(probs.argmax())
+        return token, float(probs[token])
 
     def propose(self, engine, sampler, seq, kv, k) -> list[int]:
-        """``k`` greedy tokens of the draft after ``seq``: first what its cache has not read (at least the last
-        token), then each proposal but the last."""
-        proposals = [self._draft_forward(engine, seq[self.dkv_len:])]
-        while len(proposals) < k:
-            proposals.append(self._draft_forward(engine, proposals[-1:]))
-        self.window_start = len(seq)
-        return proposals
+        """What the draft proposed in :meth:`choose_k`."""
+        return self.pending[:k]
 
     def accept(self, proposals: list[int], target: list[int]) -> int:
         a = super().accept(proposals, target)
-        keep = self.window_start + min(a, len(proposals) - 1)  # what the draft read that the target kept
+        keep = self.window_start + min(a, self.fed)  # what the draft read that the target kept
         if self.dkv_len > keep:
             self.engine.rollback(self.dkv, keep)
             self.dkv_len = keep
@@ -245,7 +279,8 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
     def draft_metrics(self) -> dict:
         s = self.sizes
         priced = s["priced"]
-        return {"draft": s["name"], "draft_params": sum(p.numel() for p in self.draft_model.parameters()),
+        return {"draft": s["name"], "draft_p_min": self.p_min,
+                "draft_params": sum(p.numel() for p in self.draft_model.parameters()),
                 "draft_priced_as": (f"{priced.name}: dense, {priced.layers} layers, hidden {priced.hidden}, MLP "
                                     f"{priced.dense_intermediate}, vocab {priced.vocab}, bf16"),
                 "draft_priced_params": s["priced_params"], "draft_kv_positions": s["positions"],
