@@ -93,7 +93,8 @@ install: $(BIN)/python
 	$(BIN)/specterbench list > /dev/null && echo "specterbench installed in $(VENV); next: make bench"
 
 bench:
-	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) --budgets '$(BUDGETS)' \
+	$(BIN)/specterbench run --model $(MODEL) --strategies $(STRATEGIES) \
+	  $(if $(and $(GPU_MEMORY),$(filter-out command line,$(origin BUDGETS))),,--budgets '$(BUDGETS)') \
 	  --profile $(PROFILE) --tokens $(TOKENS) --prompts $(PROMPTS) --clock $(CLOCK) \
 	  --decode $(DECODE) $(if $(filter sample,$(DECODE)),--temperature $(TEMPERATURE)) \
 	  $(if $(GEOMETRY),--geometry $(GEOMETRY)) $(if $(GPU_MEMORY),--gpu-memory '$(GPU_MEMORY)') \
