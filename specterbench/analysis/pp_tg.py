@@ -58,7 +58,8 @@ def _clock(r: ResultRow) -> str:
 
 def table_of_tests(rows: list[ResultRow]):
     """The tests of ``rows``: one line per (model, strategy, budget, test), repeats pooled. Columns: ``t/s`` and
-    ``t/s sd`` (mean and standard deviation over requests), ``ms/tok`` (mean of each request's ms per token),
+    ``t/s sd`` (mean and standard deviation over requests: per user at a batch), ``t/s total`` (every request of the
+    batch together: per GPU), ``ms/tok`` (mean of each request's ms per token),
     ``TTFT ms`` (prefill, median), and for generation the cell's hit rate, link bytes and stall (medians)."""
     import pandas as pd
 
@@ -66,9 +67,10 @@ def table_of_tests(rows: list[ResultRow]):
     for r in rows:
         pp, tg = names_of_tests(r)
         for test in (pp, tg):
-            groups.setdefault((_model(r), r.display_label, budget_text(r), _clock(r), r.workload, test), []).append(r)
+            key = (_model(r), r.display_label, budget_text(r), _clock(r), r.workload, r.batch, test)
+            groups.setdefault(key, []).append(r)
     records = []
-    for (model, strategy, budget, clock, workload, test), members in groups.items():
+    for (model, strategy, budget, clock, workload, batch, test), members in groups.items():
         generation = test.startswith("tg")
         rates = [x for r in members for x in _rates(r)[1 if generation else 0]]
         mean, sd = _mean_sd(rates)
@@ -80,9 +82,10 @@ def table_of_tests(rows: list[ResultRow]):
 
         records.append({
             "model": model, "strategy": strategy, "budget": budget, "_frac": first.budget_fraction, "clock": clock,
-            "workload": workload, "test": test, "_gen": generation,
+            "workload": workload, "batch": batch, "test": test, "_gen": generation,
             "_p": first.prompt_tokens or 0, "_d": first.depth_tokens,
             "t/s": mean, "t/s sd": sd, "ms/tok": statistics.fmean(1e3 / x for x in rates) if rates else None,
+            "t/s total": median([r.tokens_per_s_total for r in members]) if generation else None,
             "TTFT ms": None if generation else median([r.ttft_ms for r in members]),
             "hit rate": median([r.hit_rate for r in members]) if generation else None,
             "H2D KB/tok": median([None if r.decode_h2d_bytes_per_token is None else r.decode_h2d_bytes_per_token / 1e3
@@ -95,9 +98,9 @@ def table_of_tests(rows: list[ResultRow]):
     df = pd.DataFrame(records)
     if df.empty:
         return df
-    for col in ("t/s", "t/s sd", "ms/tok", "TTFT ms", "hit rate", "H2D KB/tok", "stall ms/tok"):
+    for col in ("t/s", "t/s sd", "t/s total", "ms/tok", "TTFT ms", "hit rate", "H2D KB/tok", "stall ms/tok"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
-    df = df.sort_values(["model", "_frac", "_gen", "_p", "_d", "ms/tok"], na_position="last", kind="stable")
+    df = df.sort_values(["model", "_frac", "batch", "_gen", "_p", "_d", "ms/tok"], na_position="last", kind="stable")
     return df.drop(columns=["_frac", "_gen", "_p", "_d"]).reset_index(drop=True)
 
 
@@ -116,6 +119,8 @@ def render_tests_markdown(rows: list[ResultRow]) -> str:
         header.append("TPOT: not measured (no CUDA device); t/s and ms/tok are this machine's wall time")
     df = df.drop(columns=[c for c in SHARED if df[c].nunique() == 1])
     df = df.drop(columns=[c for c in ("TTFT ms", "hit rate", "H2D KB/tok", "stall ms/tok") if df[c].isna().all()])
+    if (df["batch"] == 1).all():  # no batch axis: per user and per GPU are one figure
+        df = df.drop(columns=["batch", "t/s total"])
     df["t/s"] = [("-" if m != m else f"{m:.2f} ± {s:.2f}") for m, s in zip(df["t/s"], df["t/s sd"])]
     df = df.drop(columns=["t/s sd"])
     df["budget"] = [b.split(" (", 1)[0] for b in df["budget"]]

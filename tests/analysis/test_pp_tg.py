@@ -41,3 +41,12 @@ def test_markdown_prints_mean_plus_minus_sd():
     text = render_tests_markdown([row(0, prompt_tokens=512, depth_tokens=4096)])
     assert "| tg128 @ d4096 " in text and "| pp512 @ d4096 " in text
     assert "15.00 ± 7.07" in text and "nan" not in text
+
+
+def test_batches_are_lines_of_their_own_with_per_user_and_per_gpu_rates():
+    rows = [row(0, tg=(10.0, 10.0), tokens_per_s_total=10.0), row(0, tg=(8.0, 8.0), batch=2, tokens_per_s_total=16.0)]
+    df = table_of_tests(rows)
+    tg = df[df["test"] == "tg128"].set_index("batch")
+    assert list(tg.index) == [1, 2]  # batch 2 is not pooled into batch 1's line
+    assert tg.loc[2, "t/s"] == pytest.approx(8.0) and tg.loc[2, "t/s total"] == pytest.approx(16.0)
+    assert "batch" in render_tests_markdown(rows) and "batch" not in render_tests_markdown(rows[:1])
