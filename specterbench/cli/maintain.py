@@ -19,10 +19,11 @@ def add_parser(sub) -> None:
     from specterbench.catalog.embedded import EMBEDDED_MODELS
     from specterbench.engine.seam import SUPPORTED_FAMILIES
     from specterbench.studies.routing_stats import EVAL_WINDOWS
-    from specterbench.studies.specs import SPECS
+    from specterbench.studies.specs import DRAFT_SPECS, SPECS
 
-    s = sub.add_parser("train", help="(maintainers) train one shipped stand-in on the Shakespeare training works")
-    s.add_argument("--model", required=True, choices=sorted(SPECS))
+    s = sub.add_parser("train", help="(maintainers) train one shipped stand-in (or the dense draft tiny-draft) on the "
+                       "Shakespeare training works")
+    s.add_argument("--model", required=True, choices=sorted(SPECS) + sorted(DRAFT_SPECS))
     g = s.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the model's fixed count)")
     g.add_argument("--minutes", type=float, default=None, help="wall-time budget; calibrates the step count")
@@ -77,9 +78,17 @@ def add_parser(sub) -> None:
 
 
 def cmd_train(args) -> int:
+    from specterbench.studies.specs import DRAFT_SPECS
     from specterbench.studies.train import train
+    from specterbench.studies.train_draft import train_draft
 
     overrides = dict(item.split("=", 1) for item in args.set)
+    if args.model in DRAFT_SPECS:
+        if args.minutes is not None:
+            raise UsageError(f"--minutes is for the stand-ins; {args.model} trains a fixed step count: use --steps")
+        train_draft(args.model, steps=args.steps, seed=args.seed, out_dir=args.out,
+                    log=lambda s: print(s, flush=True), overrides=overrides)
+        return 0
     train(args.model, steps=args.steps, minutes=args.minutes, seed=args.seed, out_dir=args.out,
           log=lambda s: print(s, flush=True), overrides=overrides, card=not args.no_card)
     return 0

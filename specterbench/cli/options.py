@@ -43,6 +43,13 @@ def add_decode_arguments(parser, default=None) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens (k >= 1)")
 
 
+def add_output_argument(parser) -> None:
+    """``--output md|csv|json|jsonl``: the printed table's format (:mod:`specterbench.analysis.formats`); checked
+    by the command before any work, so an unknown one is one line."""
+    parser.add_argument("--output", default="md", help="the printed table: md (default, for people), csv, json or "
+                        "jsonl (every column, one record per row; the other lines go to stderr)")
+
+
 def add_precision_arguments(parser) -> None:
     """``--expert-bits``, ``--dense-bits``, ``--expert-quantizer``, ``--expert-group``: the target's stored precision
     (:mod:`specterbench.engine.precision`)."""

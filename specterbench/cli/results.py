@@ -5,23 +5,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specterbench.cli.options import csv_list, flag_integrity, report_files, run_folder_arg
+from specterbench.cli.options import add_output_argument, csv_list, flag_integrity, report_files, run_folder_arg
 from specterbench.errors import UsageError
 
 
 def cmd_report(args) -> int:
+    import sys
+
+    from specterbench.analysis.formats import check_format, render
     from specterbench.analysis.plots import write_plots
-    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.analysis.report import write_summary
     from specterbench.runfiles.results import read_rows
 
+    check_format(args.output)
     run_dir = run_folder_arg(args.run_dir)
     rows = read_rows(run_dir, on_error=args.on_error)
     flag_integrity(rows, run_dir)
-    print(render_markdown(rows, wide=getattr(args, "wide", False)), end="")
+    print(render(rows, args.output, wide=getattr(args, "wide", False)), end="")
+    say = print if args.output == "md" else (lambda line: print(line, file=sys.stderr))  # stdout: the table alone
     with report_files(run_dir, f"specterbench report {run_dir}"):
-        print(f"summary: {write_summary(run_dir, rows)}")
+        say(f"summary: {write_summary(run_dir, rows)}")
         for plot in write_plots(run_dir, rows):
-            print(f"plot: {plot}")
+            say(f"plot: {plot}")
     return 0
 
 
@@ -46,6 +51,7 @@ def add_parser(sub) -> None:
     s.add_argument("run_dir")
     s.add_argument("--on-error", choices=("stop", "skip"), default="stop", help="on a corrupt row")
     s.add_argument("--wide", action="store_true", help="print every column of the table")
+    add_output_argument(s)
     s.set_defaults(func=cmd_report)
 
     s = sub.add_parser("compare", help="per-metric deltas between two runs, with direction and significance")

@@ -9,6 +9,7 @@ from pathlib import Path
 from specterbench.cli.options import (
     add_card_arguments,
     add_decode_arguments,
+    add_output_argument,
     add_precision_arguments,
     csv_list,
     dated_folder,
@@ -148,8 +149,10 @@ def _writable(run_dir: Path) -> None:
 
 
 def cmd_run(args) -> int:
+    from specterbench.analysis.formats import check_format
     from specterbench.runfiles import rundir
 
+    check_format(args.output)  # before a folder is made or anything loads
     host = get_host()
     argv = getattr(args, "argv", [])
     run_dir = _run_folder(args, argv, host)
@@ -173,7 +176,8 @@ def cmd_run(args) -> int:
 
 
 def _run_in(args, host, config, run_dir: Path) -> int:
-    from specterbench.analysis.report import render_markdown, write_summary
+    from specterbench.analysis.formats import render
+    from specterbench.analysis.report import write_summary
     from specterbench.bench.runner import Runner
     from specterbench.runfiles import rundir
 
@@ -210,14 +214,15 @@ def _run_in(args, host, config, run_dir: Path) -> int:
         from specterbench.runfiles.results import read_rows
 
         rows = read_rows(rows_path, allow_empty=True)
-        print(render_markdown(rows, wide=getattr(args, "wide", False)), end="")
+        print(render(rows, args.output, wide=getattr(args, "wide", False)), end="")
+        say = print if args.output == "md" else (lambda line: print(line, file=sys.stderr))  # stdout: the table
         for line in workload_lines(run_dir):
-            print(line)
-        print(f"rows: {rows_path}")
+            say(line)
+        say(f"rows: {rows_path}")
         with report_files(run_dir, f"specterbench report {run_dir}"):
-            print(f"summary: {write_summary(run_dir, rows)}")
+            say(f"summary: {write_summary(run_dir, rows)}")
             for plot in write_plots(run_dir, rows):
-                print(f"plot: {plot}")
+                say(f"plot: {plot}")
     if interrupted:
         print(f"specterbench: interrupted; {len(runner.rows)} finished rows kept in {run_dir}; continue with "
               f"--resume {run_dir}", file=sys.stderr)
@@ -270,5 +275,6 @@ def add_parser(sub) -> None:
     s.add_argument("--quiet", action="store_true")
     s.add_argument("--wide", action="store_true", help="print every column of the table (default: a compact table "
                    "that fits 160 columns; summary.md always has every column)")
+    add_output_argument(s)
     s.set_defaults(func=cmd_run)
 

@@ -27,8 +27,8 @@ LOCK = ".lock"
 PARTIAL = "rows.jsonl.partial"
 RUN_JSON_VERSION = 1
 # parsed options that do not shape the cells: never saved, never a conflict on resume
-NOT_SAVED = frozenset({"func", "command", "debug", "out", "run_id", "resume", "quiet", "wide", "argv", "profile_name",
-                       "run_folder", "claimed_folder"})
+NOT_SAVED = frozenset({"func", "command", "debug", "out", "run_id", "resume", "quiet", "wide", "output", "argv",
+                       "profile_name", "run_folder", "claimed_folder"})
 FLAG_ALIASES = {"--strategy": "strategies"}
 
 

@@ -18,7 +18,7 @@ CONTEXT = 256
 @dataclass(frozen=True)
 class Spec:
     name: str
-    arch: str  # "mixtral" | "qwen2_moe" | "deepseek_v2"
+    arch: str  # "mixtral" | "qwen2_moe" | "deepseek_v2" | "llama" (a dense draft)
     config: dict
     steps: int
     stands_for: str  # key of published_routing.json
@@ -90,6 +90,23 @@ SPECS: dict[str, Spec] = {
     ),
 }
 
+#: the dense drafts ``spec-small`` proposes with: same tokenizer, corpus and recipe as the stand-ins, no routing
+DRAFT_SPECS: dict[str, Spec] = {
+    "tiny-draft": Spec(
+        name="tiny-draft",
+        arch="llama",
+        stands_for="a small dense draft of the stand-ins' family (speculative decoding with a separate draft)",
+        config=dict(
+            hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=6,
+            num_key_value_heads=2, head_dim=32, max_position_embeddings=CONTEXT, rms_norm_eps=1e-5,
+            tie_word_embeddings=True, rope_parameters=_ROPE,
+        ),
+        steps=200,
+        aux_batch=0.0,
+        probe_windows=0,
+    ),
+}
+
 _FIELDS = {f for f in Spec.__dataclass_fields__ if f not in ("name", "arch", "config", "stands_for")}
 
 
@@ -119,5 +136,6 @@ def build_config(spec: Spec, tokenizer):
         vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.02, attention_dropout=0.0, use_cache=True,
     )
-    cls = {"mixtral": tf.MixtralConfig, "qwen2_moe": tf.Qwen2MoeConfig, "deepseek_v2": tf.DeepseekV2Config}[spec.arch]
+    cls = {"mixtral": tf.MixtralConfig, "qwen2_moe": tf.Qwen2MoeConfig, "deepseek_v2": tf.DeepseekV2Config,
+           "llama": tf.LlamaConfig}[spec.arch]
     return cls(**spec.config, **special)
