@@ -5,6 +5,7 @@ from specterbench.plugins import hookimpl
 from .activation_aware import ActivationAware
 from .cpu_experts import CpuExperts
 from .kt_hybrid import KtHybrid
+from .layer_stream import LayerStream
 from .lfru import LFRU
 from .lru import LRU
 from .mixed_precision import MixedPrecision
@@ -17,7 +18,7 @@ from .resident import Resident
 from .static import StaticPlacement
 
 STRATEGIES = (OnDemand, LRU, LFRU, StaticPlacement, NextLayerGate, ActivationAware, CpuExperts, NCpuMoe, KtHybrid,
-              MixedPrecision, Resident, Oracle, OracleSpec)
+              MixedPrecision, Resident, Oracle, OracleSpec, LayerStream)
 
 
 @hookimpl

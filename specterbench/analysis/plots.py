@@ -18,96 +18,22 @@ switches to a log scale and says so.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
+from specterbench.analysis.batch_plot import pareto_plot
+from specterbench.analysis.plot_style import DPI, FIGSIZE, SPECTER, STYLES, Style, clock_label, draw_order, style  # noqa: F401 - re-exported: the plots' one style and canvas
+from specterbench.analysis.plot_style import figure as _figure  # tests record every figure through this name
+from specterbench.analysis.plot_style import title as _title
 from specterbench.runfiles.results import ResultRow
 
-FIGSIZE = (6.4, 4.2)
-DPI = 120
 TPOT_STATISTIC = "median over decode tokens"
-
-
-@dataclass(frozen=True, slots=True)
-class Style:
-    color: str
-    marker: str
-    linestyle: str
-    linewidth: float = 1.4
-    markersize: float = 5.0
-    zorder: float = 2.0
-
-    def kwargs(self) -> dict:
-        return {"color": self.color, "marker": self.marker, "linestyle": self.linestyle,
-                "linewidth": self.linewidth, "markersize": self.markersize, "zorder": self.zorder}
-
-
-# Specter: the only thick red line, drawn in front; the others are distinct in colour *and* marker *and* dash,
-# so a grey-scale print or a colour-blind reader still tells them apart (Okabe-Ito and tab colours).
-SPECTER = Style("#d62728", "*", "-", linewidth=2.8, markersize=11.0, zorder=10.0)
-STYLES = {
-    "specter": SPECTER,
-    "specter-artifact": Style("#e377c2", "P", "-", linewidth=1.8, markersize=7.0, zorder=6.0),
-    "specmoeoff": Style("#8c564b", "X", "--", markersize=6.0, zorder=5.0),
-    "spec-decode": Style("#9467bd", "D", "--", markersize=6.0, zorder=5.0),
-    "spec-host": Style("#c5b0d5", "D", "-", linewidth=1.8, markersize=6.0, zorder=6.0),
-    "oracle": Style("#000000", "v", ":", zorder=4.0),
-    "oracle-spec": Style("#393b79", "^", ":", zorder=4.0),
-    "resident": Style("#7f7f7f", "s", "--", zorder=3.0),
-    "lru": Style("#1f77b4", "o", "-"),
-    "lfru": Style("#17becf", "^", "-."),
-    "lfu": Style("#bcbd22", "<", "--"),
-    "static": Style("#ff7f0e", "s", "-"),
-    "cpu-experts": Style("#2ca02c", "h", "--"),
-    "activation-aware": Style("#003f5c", "p", "-."),
-    "next-layer-gate": Style("#e6ab02", ">", ":"),
-    "mixed-precision": Style("#a6761d", "d", "-."),
-    "on-demand": Style("#444444", "x", ":"),
-}
-_FALLBACK_COLORS = ("#66a61e", "#e7298a", "#7570b3", "#1b9e77", "#d95f02", "#a65628", "#f781bf", "#999999")
-_FALLBACK_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "h")
-_FALLBACK_LINES = ("-", "--", "-.", ":")
-
-
-def style(strategy: str) -> Style:
-    """The one style of ``strategy`` in every plot: a built-in's fixed style, otherwise one derived from a hash of
-    its name (the same on every run and machine, unlike matplotlib's colour cycle)."""
-    if strategy in STYLES:
-        return STYLES[strategy]
-    h = int.from_bytes(hashlib.sha256(strategy.encode()).digest()[:8], "big")
-    return Style(_FALLBACK_COLORS[h % 8], _FALLBACK_MARKERS[(h // 8) % 8], _FALLBACK_LINES[(h // 64) % 4])
-
-
-def draw_order(names) -> list[str]:
-    """Strategies in drawing order: by name, Specter last (in front)."""
-    return sorted(names, key=lambda s: (s == "specter", s))
 
 
 def _slug(*parts) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", "__".join(str(p) for p in parts)).strip("-")
-
-
-def clock_label(row: ResultRow) -> str:
-    return {"modeled": f"modeled ({row.profile})", "measured": "measured (CUDA events)",
-            "host": "host wall time (CPU, not a GPU's TPOT)"}.get(row.clock, row.clock)
-
-
-def _figure():
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
-
-
-def _title(r: ResultRow) -> str:
-    where = r.model if r.geometry == r.model else f"{r.model} priced at {r.geometry} geometry (projection)"
-    return f"{where}\n{clock_label(r)} · {r.workload} · {r.new_tokens} new tokens"
 
 
 def _budget_axis(r: ResultRow) -> str:
@@ -358,10 +284,14 @@ def write_plots(run_dir, rows: list[ResultRow]) -> list[Path]:
             (lambda x: x.h2d_bytes_per_token, f"H2D copies ({unit}/token, {r.model} sizes){suffix}",
              "h2d_bytes_per_token_vs_budget", scale),
         ]
+        smallest = [x for x in grp if x.batch == min(y.batch for y in grp)]  # budget axes: one batch size
         for value, ylabel, stem, sc in plots:
-            p = _budget_plot(grp, value, ylabel, out / f"{stem}__{name}.png", sc)
+            p = _budget_plot(smallest, value, ylabel, out / f"{stem}__{name}.png", sc)
             if p is not None:
                 paths.append(p)
+        p = pareto_plot(grp, out / f"per_user_vs_per_gpu__{name}.png")
+        if p is not None:
+            paths.append(p)
         spec = _speculative(grp)
         if spec:
             if len({_k(x) for x in spec if _k(x) is not None}) > 1:

@@ -153,6 +153,11 @@ def test_per_user_and_per_gpu_speed_on_a_small_run(host, small_prompts, tmp_path
     assert four.tokens_per_s_total > one.tokens_per_s_total  # four users share each step's weight reads
     assert four.tokens_per_s_per_user < one.tokens_per_s_per_user  # each waits for the whole batch's step
     assert four.distinct_experts_per_step > one.distinct_experts_per_step
+    from specterbench.analysis.plots import write_plots
+
+    paths = write_plots(tmp_path, list(rows.values()))
+    assert [p.name for p in paths if p.name.startswith("per_user_vs_per_gpu__")] == [
+        "per_user_vs_per_gpu__tiny-random-mixtral__a100-40g-pcie4.png"]
 
 
 def test_a_strategy_past_its_max_batch_is_a_row_that_says_why(host, small_prompts, tmp_path):
