@@ -26,7 +26,7 @@ def test_a_batch_sweep_runs_and_a_strategy_past_its_max_batch_is_a_row_not_a_fai
     got = {(r["strategy"], r["batch"]): r["status"] for r in rows}
     assert got == {("lru", 1): "ok", ("lru", 2): "ok", ("oracle", 1): "ok", ("oracle", 2): "unsupported"}
     assert all(r["cell"].endswith(f"|b{r['batch']}") for r in rows)
-    assert "tok/s total" in out and "unsupported" in out
+    assert "t/s total" in out and "unsupported" in out  # the table of tests: per-user t/s beside per-GPU
 
 
 @pytest.mark.parametrize("batch, says", [
