@@ -56,7 +56,10 @@ class LayerStream(Strategy):
             return
         engine = self.engine
         for key in list(engine.cache.layer_keys(layer)):
-            engine.evict(key)
+            if engine.landed(key):
+                engine.evict(key)
+            else:  # queued for this step and not needed: dropped unless already on the link (it goes next time)
+                engine.cancel(key)
         self._queue(layer, 0)
 
     def choose_victim(self, candidates, needed):
