@@ -35,6 +35,17 @@ from .acceptance import acceptance_by_position, accepted_prefix, per_token_accep
 MAX_K = 32
 
 
+def parse_window(value, default: int, proposer: str) -> int:
+    """``k`` of a strategy that proposes at most a fixed count: ``'auto'`` is ``default``, else 1..MAX_K."""
+    try:
+        k = int(default if value == "auto" else value)
+    except (TypeError, ValueError):
+        k = 0
+    if not 1 <= k <= MAX_K:
+        raise UsageError(f"option k={value!r} is invalid: use the most tokens {proposer} proposes, 1 to {MAX_K}")
+    return k
+
+
 def parse_k(value, allowed: tuple[int, ...] | None = None, auto: bool = True):
     """``k`` option: ``'auto'`` (when ``auto``) or an integer in 1..MAX_K (or one of ``allowed``)."""
     choices = f"one of {', '.join(map(str, allowed))}" if allowed else f"an integer from 1 to {MAX_K}"
@@ -98,12 +109,17 @@ class SpeculativeDecoding(Strategy):
         return parse_k(value)
 
     @classmethod
-    def validate_options(cls, options: dict) -> None:
-        """Every option checked before a model loads (one-line UsageError naming the allowed values)."""
+    def reject_unknown_options(cls, options: dict) -> None:
+        """One line naming the options this strategy does not have and those it accepts."""
         unknown = sorted(set(options) - set(cls.option_names()))
         if unknown:
             raise UsageError(f"strategy {cls.name!r} has no option(s) {', '.join(unknown)}; it accepts: "
                              f"{', '.join(cls.option_names())}")
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        """Every option checked before a model loads (one-line UsageError naming the allowed values)."""
+        cls.reject_unknown_options(options)
         cls.parse_depth(options.get("k", "auto"))
         cls.parse_noise(options.get("draft_noise", 0))
         QuantSpec.from_options(options, **cls.draft_defaults)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from specterbench.errors import UsageError
 from specterbench.strategy import FETCH, ON_HOST
 
-from .decoding import MAX_K, SpeculativeDecoding
+from .decoding import SpeculativeDecoding, parse_window
 from .eviction import CacheOrder
 
 NGRAM_LIMIT = 8  # longest suffix the lookup tries
@@ -61,13 +61,7 @@ class SpecNgram(CacheOrder, SpeculativeDecoding):
 
     @classmethod
     def parse_depth(cls, value):
-        try:
-            k = int(cls.k_default if value == "auto" else value)
-        except (TypeError, ValueError):
-            k = 0
-        if not 1 <= k <= MAX_K:
-            raise UsageError(f"option k={value!r} is invalid: use the most tokens a lookup proposes, 1 to {MAX_K}")
-        return k
+        return parse_window(value, cls.k_default, "a lookup")
 
     @classmethod
     def ngram_sizes(cls, options: dict) -> range:
@@ -83,10 +77,7 @@ class SpecNgram(CacheOrder, SpeculativeDecoding):
 
     @classmethod
     def validate_options(cls, options: dict) -> None:
-        unknown = sorted(set(options) - set(cls.option_names()))
-        if unknown:
-            raise UsageError(f"strategy {cls.name!r} has no option(s) {', '.join(unknown)}; it accepts: "
-                             f"{', '.join(cls.option_names())}")
+        cls.reject_unknown_options(options)
         cls.parse_depth(options.get("k", cls.k_default))
         cls.ngram_sizes(options)
         if str(options.get("host", "auto")) not in ("auto", "off"):

@@ -34,7 +34,7 @@ from specterbench.engine.geometry import PRICED_DTYPE_BYTES, Geometry
 from specterbench.errors import BudgetError, ModelError, UsageError
 from specterbench.strategy import FETCH, ON_HOST
 
-from .decoding import MAX_K, SpeculativeDecoding
+from .decoding import SpeculativeDecoding, parse_window
 from .eviction import CacheOrder
 
 #: a proposal needs at least this probability under the draft, else the window stops before it: llama.cpp's default
@@ -90,13 +90,7 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
 
     @classmethod
     def parse_depth(cls, value):
-        try:
-            k = int(cls.k_default if value == "auto" else value)
-        except (TypeError, ValueError):
-            k = 0
-        if not 1 <= k <= MAX_K:
-            raise UsageError(f"option k={value!r} is invalid: use the most tokens the draft proposes, 1 to {MAX_K}")
-        return k
+        return parse_window(value, cls.k_default, "the draft")
 
     @staticmethod
     def parse_p_min(value) -> float:
@@ -111,10 +105,7 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
 
     @classmethod
     def validate_options(cls, options: dict) -> None:
-        unknown = sorted(set(options) - set(cls.option_names()))
-        if unknown:
-            raise UsageError(f"strategy {cls.name!r} has no option(s) {', '.join(unknown)}; it accepts: "
-                             f"{', '.join(cls.option_names())}")
+        cls.reject_unknown_options(options)
         cls.parse_depth(options.get("k", cls.k_default))
         if str(options.get("host", "auto")) not in ("auto", "off"):
             raise UsageError(f"option host={options.get('host')!r} is invalid: use one of auto, off")
