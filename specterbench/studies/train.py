@@ -153,9 +153,26 @@ def count_params(model) -> dict:
     return {"total": total, "routed_experts": experts, "non_expert": total - experts}
 
 
-def _set_seed(seed: int) -> None:
+def set_seed(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def training_corpus(name: str, seed: int, log) -> tuple:
+    """One thread, the seed set, the project's tokenizer and the encoded train / held-out works: what every
+    model trained here (stand-ins and drafts) starts from."""
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    set_seed(seed)
+    tokenizer = tok_mod.train_tokenizer()
+    tokenizer.model_max_length = 10**9  # whole works are encoded at once; windows are cut below
+    train_tokens = corpus.encode_works(tokenizer, corpus.train_works())
+    held_tokens = corpus.encode_works(tokenizer, corpus.heldout_works())
+    log(f"[{name}] tokenizer vocab={len(tokenizer)} train_tokens={len(train_tokens)} heldout_tokens={len(held_tokens)}")
+    return tokenizer, train_tokens, held_tokens
 
 
 def train(name: str, steps: int | None = None, minutes: float | None = None, seed: int = 0,
@@ -164,23 +181,12 @@ def train(name: str, steps: int | None = None, minutes: float | None = None, see
 
         raise UsageError(f"unknown embedded model {name!r}: choose one of {', '.join(SPECS)}")
     spec = with_overrides(SPECS[name], overrides or {})
-    torch.set_num_threads(1)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    _set_seed(seed)
     out_dir = Path(out_dir) if out_dir is not None else MODELS_DIR / name
     t_start = time.time()
-
-    tokenizer = tok_mod.train_tokenizer()
-    tokenizer.model_max_length = 10**9  # whole works are encoded at once; windows are cut below
-    train_tokens = corpus.encode_works(tokenizer, corpus.train_works())
-    held_tokens = corpus.encode_works(tokenizer, corpus.heldout_works())
-    log(f"[{name}] tokenizer vocab={len(tokenizer)} train_tokens={len(train_tokens)} heldout_tokens={len(held_tokens)}")
+    tokenizer, train_tokens, held_tokens = training_corpus(name, seed, log)
 
     config = build_config(spec, tokenizer)
-    _set_seed(seed)
+    set_seed(seed)
     model = build_model(config)
     model.train()
     params = count_params(model)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import platform
-import random
 import shutil
 import time
 from pathlib import Path
@@ -26,12 +25,16 @@ from specterbench.catalog import corpus, drafts
 from specterbench.errors import UsageError
 from specterbench.studies import tokenizer as tok_mod
 from specterbench.studies.specs import CONTEXT, DRAFT_SPECS, build_config, with_overrides
-from specterbench.studies.train import MODELS_DIR, count_params, evaluate, heldout_windows, lr_at, make_optimizer
-
-
-def _seed(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
+from specterbench.studies.train import (
+    MODELS_DIR,
+    count_params,
+    evaluate,
+    heldout_windows,
+    lr_at,
+    make_optimizer,
+    set_seed,
+    training_corpus,
+)
 
 
 def train_draft(name: str, steps: int | None = None, seed: int = 0, out_dir: Path | None = None, log=print,
@@ -39,23 +42,12 @@ def train_draft(name: str, steps: int | None = None, seed: int = 0, out_dir: Pat
     if name not in DRAFT_SPECS:
         raise UsageError(f"unknown draft model {name!r}: choose one of {', '.join(DRAFT_SPECS)}")
     spec = with_overrides(DRAFT_SPECS[name], overrides or {})
-    torch.set_num_threads(1)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    _seed(seed)
     out_dir = Path(out_dir) if out_dir is not None else MODELS_DIR / name
     t_start = time.time()
-
-    tokenizer = tok_mod.train_tokenizer()
-    tokenizer.model_max_length = 10**9
-    train_tokens = corpus.encode_works(tokenizer, corpus.train_works())
-    held_tokens = corpus.encode_works(tokenizer, corpus.heldout_works())
-    log(f"[{name}] tokenizer vocab={len(tokenizer)} train_tokens={len(train_tokens)} heldout_tokens={len(held_tokens)}")
+    tokenizer, train_tokens, held_tokens = training_corpus(name, seed, log)
 
     config = build_config(spec, tokenizer)
-    _seed(seed)
+    set_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.train()
     params = count_params(model)
