@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from specterbench.analysis.report import budget_text, note_lines
+from specterbench.analysis.report import budget_text, lossless_text, note_lines, status_text
 from specterbench.runfiles.results import ResultRow
 
 STATUS_WIDTH = 24  # a failed row's reason, cut to fit a 160-column terminal (summary.md has it whole)
@@ -91,9 +91,7 @@ def table_of_tests(rows: list[ResultRow]):
             "H2D KB/tok": median([None if r.decode_h2d_bytes_per_token is None else r.decode_h2d_bytes_per_token / 1e3
                                   for r in members]) if generation else None,
             "stall ms/tok": median([r.stall_ms_per_token for r in members]) if generation else None,
-            "lossless": {True: "✓", False: "✗", None: "-"}[first.lossless] if first.lossless_strategy else
-            (f"lossy ({first.token_agreement:.0%} agree)" if first.token_agreement is not None else "lossy"),
-            "status": first.status if first.status == "ok" else f"{first.status}: {first.error}",
+            "lossless": lossless_text(first), "status": status_text(first),
         })
     df = pd.DataFrame(records)
     if df.empty:

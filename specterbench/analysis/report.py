@@ -26,6 +26,17 @@ def _mb(n) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.2f} MB"
 
 
+def lossless_text(r: ResultRow) -> str:
+    """The lossless column: ✓ / ✗ / - for a lossless strategy, the token agreement of a lossy one."""
+    if r.lossless_strategy:
+        return {True: "✓", False: "✗", None: "-"}[r.lossless]
+    return f"lossy ({r.token_agreement:.0%} agree)" if r.token_agreement is not None else "lossy"
+
+
+def status_text(r: ResultRow) -> str:
+    return r.status if r.status == "ok" else f"{r.status}: {r.error}"
+
+
 def budget_text(r: ResultRow) -> str:
     """A row's budget: its share of expert bytes (and bytes); on a card (``--gpu-memory``) the card, the experts'
     bytes it leaves at the priced geometry, and for a layer split the MoE layers it keeps on the device."""
@@ -73,9 +84,8 @@ def summary_table(rows: list[ResultRow]):
             "tok/expert": r.tokens_per_expert,
             "link KB/step": None if r.link_bytes_per_step is None else r.link_bytes_per_step / 1e3,
             "host expert tok": r.host_expert_tokens,
-            "lossless": {True: "✓", False: "✗", None: "-"}[r.lossless] if r.lossless_strategy else
-            (f"lossy ({r.token_agreement:.0%} agree)" if r.token_agreement is not None else "lossy"),
-            "status": r.status if r.status == "ok" else f"{r.status}: {r.error}",
+            "lossless": lossless_text(r),
+            "status": status_text(r),
         })
     df = pd.DataFrame(records)
     if df.empty:
