@@ -16,6 +16,7 @@ system, the gap is what that system pays and the clock does not model (``docs/pu
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -26,9 +27,9 @@ from pathlib import Path
 
 from specterbench.bench.budget import Budget
 from specterbench.bench.checks import check_context, context_tokens
+from specterbench.bench.config import BenchConfig
 from specterbench.bench.device_memory import kv_bytes_per_token
 from specterbench.bench.prompts import Shape, shaped_prompts
-from specterbench.bench.config import BenchConfig
 from specterbench.bench.published_record import Measurement
 from specterbench.bench.runner import Runner, encode_prompts, load_prompts
 from specterbench.bench.validate import mean_tpot_ms
@@ -199,6 +200,7 @@ def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, toke
     check_context(engine, encoded, base.tokens)
     reference = runner.record_reference(engine, encoded)
     calibration = None
+    ran: dict[tuple, tuple] = {}  # cell inputs -> (the first row's id, its row)
     for m in rows:
         o = outcomes[m.id]
         cls = host.strategies().get(m.strategy)
@@ -213,12 +215,20 @@ def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, toke
             calibration = runner.calibrate(engine)
         if progress:
             progress(f"published · {m.id}: {m.strategy} @ {o.budget_fraction:.1%} on {m.profile}")
-        # a batch row's budget holds its KV at the published lengths already (budget_bytes); the run's config has
-        # no batch axis, so the runner charges none of its own
-        row = runner.run_cell(engine, f"published|{m.id}|{precision.label()}", m.strategy, cls,
-                              Budget(f"{nbytes}B", nbytes=nbytes), 0, encoded[:max(1, len(encoded) // m.batch
-                                                                                   * m.batch)],
-                              reference, calibration, batch=m.batch)
+        same = (m.strategy, json.dumps(m.options, sort_keys=True), nbytes, m.profile, m.host_profile, m.batch)
+        if same in ran:  # the same cell as an earlier row (several systems stood for by one strategy): its row
+            row = copy.deepcopy(ran[same][1])
+            row.cell = f"published|{m.id}|{precision.label()}"
+            row.extra["same_cell_as"] = ran[same][0]
+            o.note += f"; the same cell as {ran[same][0]}"
+        else:
+            # a batch row's budget holds its KV at the published lengths already (budget_bytes); the run's config
+            # has no batch axis, so the runner charges none of its own
+            row = runner.run_cell(engine, f"published|{m.id}|{precision.label()}", m.strategy, cls,
+                                  Budget(f"{nbytes}B", nbytes=nbytes), 0,
+                                  encoded[:max(1, len(encoded) // m.batch * m.batch)], reference, calibration,
+                                  batch=m.batch)
+            ran[same] = (m.id, copy.deepcopy(row))
         row.extra["published"] = {"id": m.id, "source": m.source, "value": m.value, "kind": m.kind}
         runner.writer.append(row)
         if row.status != "ok":
