@@ -1,4 +1,4 @@
-from specterbench.strategy import Strategy
+from specterbench.strategy import DEMAND_PRIORITY, PrefetchResult, Strategy
 
 
 class LayerStream(Strategy):
@@ -19,6 +19,11 @@ class LayerStream(Strategy):
     version = "1"
     description = ("MoE-Lightning / Klotski: every expert of each layer streamed once per step for the whole batch, "
                    "the next layer's copies overlapped with this one's compute; whole layers that fit stay resident")
+
+    @classmethod
+    def min_budget(cls, engine, options: dict) -> int:
+        """One whole layer's experts: a layer computes only once every one of them has landed."""
+        return engine.num_experts * engine.expert_bytes
 
     def attach(self, engine):
         super().attach(engine)
@@ -48,18 +53,22 @@ class LayerStream(Strategy):
                     engine.prefetch((layer, e), -self._ahead(layer, current))
 
     def before_layer(self, layer, experts, tokens_per_expert):
-        missing = sum((layer, e) not in self.engine.cache for e in experts)
-        self._queue(layer, missing * self.engine.expert_bytes)
+        engine = self.engine
+        if layer >= self.resident_layers:  # the whole layer, routed or not, lands before the layer computes
+            whole = [(layer, e) for e in range(engine.num_experts)]
+            for key in whole:
+                if key not in engine.cache and engine.prefetch(key, DEMAND_PRIORITY) is PrefetchResult.NO_ROOM:
+                    engine.make_room(engine.expert_bytes, protect=set(whole), needed=key, force=True)
+                    engine.prefetch(key, DEMAND_PRIORITY)
+            engine.wait_for(whole)
+        self._queue(layer, 0)
 
     def after_layer(self, layer, experts):
         if layer < self.resident_layers:
             return
         engine = self.engine
-        for key in list(engine.cache.layer_keys(layer)):
-            if engine.landed(key):
-                engine.evict(key)
-            else:  # queued for this step and not needed: dropped unless already on the link (it goes next time)
-                engine.cancel(key)
+        for key in list(engine.cache.layer_keys(layer)):  # every copy of the layer landed before it computed
+            engine.evict(key)
         self._queue(layer, 0)
 
     def choose_victim(self, candidates, needed):
@@ -68,3 +77,10 @@ class LayerStream(Strategy):
         if streamed:  # the copy used furthest in the future
             return max(streamed, key=lambda k: self._ahead(k[0], current))
         return candidates[0] if candidates else None
+
+    def on_warmup_end(self):
+        pass  # its one metric is a size, not a counter
+
+    def metrics(self):
+        """What a decode step streams: every expert of every streamed layer (bytes)."""
+        return {"streamed_layer_bytes": len(self.streamed) * self.layer_bytes}
