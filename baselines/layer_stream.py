@@ -8,7 +8,8 @@ class LayerStream(Strategy):
 
     The cache is a stream buffer of two layers' experts (the one computing and the next); every whole layer the rest
     of the budget holds beyond it is kept resident (the first layers, as MoE-Lightning's policy keeps what fits).
-    A streamed layer's experts are dropped once it has run (the layer is used again only a step later, the furthest
+    A streamed layer computes only once every one of its experts has landed (so a step moves the same bytes at any
+    batch), and its experts are dropped once it has run (the layer is used again only a step later, the furthest
     future of anything cached) and the next streamed layers are queued nearest first, each copy only into free
     bytes, never ahead of what the running layer still has to fetch. A batch large enough to touch every expert of a
     layer makes whole-layer streaming no more than the union a demand cache fetches, with the copies overlapped;
