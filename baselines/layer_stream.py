@@ -17,7 +17,7 @@ class LayerStream(Strategy):
     """
 
     name = "layer-stream"
-    version = "1"
+    version = "2"
     description = ("MoE-Lightning / Klotski: every expert of each layer streamed once per step for the whole batch, "
                    "the next layer's copies overlapped with this one's compute; whole layers that fit stay resident")
 
