@@ -201,7 +201,7 @@ routing-stats:
 list:
 	$(BIN)/specterbench list
 
-# the modeled clock against published measurements (MoE-SpeQ, mixtral-offloading, Fiddler, components): ~4 min
+# the modeled clock against published measurements (papers, user setups, MoE-Gen's batch rows): ~10 min
 published:
 	OMP_NUM_THREADS=1 $(BIN)/specterbench published
 
