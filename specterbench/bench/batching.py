@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from specterbench.bench.budget import Budget
 from specterbench.bench.device_memory import kv_bytes_per_token
-from specterbench.engine.batch import begin_batch, per_request_samples
+from specterbench.engine.batch import begin_batch, per_request_samples, step_tokens
 from specterbench.errors import BudgetError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -180,15 +180,15 @@ def fill_batch_metrics(row: "ResultRow", engine: "Engine", steps, batch: int) ->
         row.tokens_per_expert = st.decode_routings / st.decode_distinct_experts
     decode = [s for group in steps for s in group[1:]]
     seconds = sum(s.wall_s if row.clock == "host" else s.clock_s for s in decode)
-    tokens = sum(s.tokens for s in decode)  # per request: every request of a batch received them
+    tokens = sum(step_tokens(s, batch) for s in decode)  # every request's, over the batch's time
     link = sum(s.h2d_bytes for s in decode) * batch  # the samples hold each request's share
     if decode:
         row.link_bytes_per_step = link / len(decode)
-        row.link_bytes_per_token = link / (tokens * batch) if tokens else None
+        row.link_bytes_per_token = link / tokens if tokens else None
     row.host_expert_tokens = st.host_expert_tokens
     if seconds > 0:
-        row.tokens_per_s_per_user = tokens / seconds
-        row.tokens_per_s_total = tokens * batch / seconds
+        row.tokens_per_s_per_user = tokens / batch / seconds
+        row.tokens_per_s_total = tokens / seconds
     row.tpot_p99_ms = _pct(row.samples.get("tpot_ms") or [], 0.99)
 
 
