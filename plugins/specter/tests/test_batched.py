@@ -98,3 +98,33 @@ def test_k0_with_ragged_pending_tokens_fills_the_rows_and_stays_lossless():
     strategy.choose_k = lambda remaining: min(next(ks, 0), remaining)
     begin_batch(engine, requests)
     assert strategy.generate_batch(engine, requests) == alone(requests)
+
+
+@pytest.fixture
+def four_prompts(monkeypatch):
+    """Four short prompts (the shared fixture has three; a batch of 4 needs more)."""
+    from specterbench.bench import runner
+    from specterbench.testing.pytest_plugin import SMALL_PROMPTS
+
+    texts = [(f"q{j}", f"{text} {j}") for j, (_, text) in enumerate(SMALL_PROMPTS * 2)][:4]
+    monkeypatch.setattr(runner, "load_prompts", lambda name, n: texts[:n])
+
+
+@pytest.mark.parametrize("decode", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_the_runner_checks_every_speculative_strategy_at_batch_4_against_its_batch_1_reference(
+        host, four_prompts, tmp_path, decode):
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner
+
+    names = ("specter", "spec-host", "spec-decode", "specmoeoff", "spec-ngram", "spec-small")
+    cfg = BenchConfig(models=("tiny-random-mixtral",), strategies=names, budgets=(parse_budget("90%"),),
+                      profile="a100-40g-pcie4", prompts=4, tokens=6, batches=(4,), decode=decode,
+                      strategy_options={"specter": {"k": 3}, "spec-host": {"k": 2}})
+    rows = {r.strategy: r for r in Runner(host, cfg, tmp_path).run()}
+    assert rows["spec-small"].status == "unsupported"  # its draft model's KV is one request's
+    for name in names[:-1]:
+        row = rows[name]
+        assert (row.status, row.lossless, row.batch) == ("ok", True, 4), (name, row.error)
+        assert row.extra["numerics"] == "bit-identical", name
+        assert row.extra["batch_verify_positions"] > 0 and row.tokens_per_s_total > row.tokens_per_s_per_user
