@@ -65,7 +65,16 @@ README_STRATEGIES ?= on-demand,lru,static,activation-aware,cpu-experts,n-cpu-moe
 README_ARGS = results/reference --model $(README_MODEL) --strategies $(README_STRATEGIES) \
   --command "specterbench run --model $(README_MODEL) $(GATE_RUN_ARGS)"
 
-.PHONY: install bench fit fit-figure lint test readme readme-check test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
+# the README's batch sweep: one committed run with a batch axis (make batch-example records it), shown as tokens/s per
+# user and in total per strategy and batch size (make readme writes it, make readme-check checks it)
+BATCH_MODEL ?= tiny-mixtral
+BATCH_STRATEGIES ?= specter,lru,n-cpu-moe,kt-hybrid,cpu-experts,layer-stream
+BATCH_RUN_ARGS ?= --geometry auto --profile a100-40g-pcie4 --strategies $(BATCH_STRATEGIES) --budgets 50% \
+  --batch 1,2,4,8,16,32 --prompts 32 --tokens 16 --seed 0
+BATCH_README_ARGS = results/batch-example --section batch --model $(BATCH_MODEL) --strategies $(BATCH_STRATEGIES) \
+  --command "specterbench run --model $(BATCH_MODEL) $(BATCH_RUN_ARGS)"
+
+.PHONY: batch-example install bench fit fit-figure lint test readme readme-check test-slow conformance list clean models realism workloads routing-stats sweep eval reference gate bench-wallclock bench-wallclock-compare overhead published
 
 # pip's own lines ("Collecting …", "Installing collected packages …", a download bar on a terminal) say what is
 # being installed; PIP_ARGS=-q silences them, PIP_ARGS="--progress-bar off" keeps the lines without the bars
@@ -114,9 +123,17 @@ fit-figure:
 
 readme:
 	$(BIN)/specterbench readme $(README_ARGS)
+	$(BIN)/specterbench readme $(BATCH_README_ARGS)
 
 readme-check:
 	$(BIN)/specterbench readme $(README_ARGS) --check
+	$(BIN)/specterbench readme $(BATCH_README_ARGS) --check
+
+# records the README's batch sweep into results/batch-example (replacing it), then make readme shows it
+batch-example:
+	rm -rf results/batch-example.new
+	$(BIN)/specterbench run --model $(BATCH_MODEL) $(BATCH_RUN_ARGS) --out results --run-id batch-example.new --quiet
+	rm -rf results/batch-example.new/plots && rm -rf results/batch-example && mv results/batch-example.new results/batch-example
 
 # ruff: pyflakes, pycodestyle and import order ([tool.ruff] in pyproject.toml), over every folder of Python code
 LINT_PATHS ?= specterbench baselines plugins tests benchmarks scripts examples

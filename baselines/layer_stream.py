@@ -1,4 +1,4 @@
-from specterbench.strategy import Strategy
+from specterbench.strategy import DEMAND_PRIORITY, PrefetchResult, Strategy
 
 
 class LayerStream(Strategy):
@@ -8,7 +8,8 @@ class LayerStream(Strategy):
 
     The cache is a stream buffer of two layers' experts (the one computing and the next); every whole layer the rest
     of the budget holds beyond it is kept resident (the first layers, as MoE-Lightning's policy keeps what fits).
-    A streamed layer's experts are dropped once it has run (the layer is used again only a step later, the furthest
+    A streamed layer computes only once every one of its experts has landed (so a step moves the same bytes at any
+    batch), and its experts are dropped once it has run (the layer is used again only a step later, the furthest
     future of anything cached) and the next streamed layers are queued nearest first, each copy only into free
     bytes, never ahead of what the running layer still has to fetch. A batch large enough to touch every expert of a
     layer makes whole-layer streaming no more than the union a demand cache fetches, with the copies overlapped;
@@ -16,9 +17,14 @@ class LayerStream(Strategy):
     """
 
     name = "layer-stream"
-    version = "1"
+    version = "2"
     description = ("MoE-Lightning / Klotski: every expert of each layer streamed once per step for the whole batch, "
                    "the next layer's copies overlapped with this one's compute; whole layers that fit stay resident")
+
+    @classmethod
+    def min_budget(cls, engine, options: dict) -> int:
+        """One whole layer's experts: a layer computes only once every one of them has landed."""
+        return engine.num_experts * engine.expert_bytes
 
     def attach(self, engine):
         super().attach(engine)
@@ -48,18 +54,22 @@ class LayerStream(Strategy):
                     engine.prefetch((layer, e), -self._ahead(layer, current))
 
     def before_layer(self, layer, experts, tokens_per_expert):
-        missing = sum((layer, e) not in self.engine.cache for e in experts)
-        self._queue(layer, missing * self.engine.expert_bytes)
+        engine = self.engine
+        if layer >= self.resident_layers:  # the whole layer, routed or not, lands before the layer computes
+            whole = [(layer, e) for e in range(engine.num_experts)]
+            for key in whole:
+                if key not in engine.cache and engine.prefetch(key, DEMAND_PRIORITY) is PrefetchResult.NO_ROOM:
+                    engine.make_room(engine.expert_bytes, protect=set(whole), needed=key, force=True)
+                    engine.prefetch(key, DEMAND_PRIORITY)
+            engine.wait_for(whole)
+        self._queue(layer, 0)
 
     def after_layer(self, layer, experts):
         if layer < self.resident_layers:
             return
         engine = self.engine
-        for key in list(engine.cache.layer_keys(layer)):
-            if engine.landed(key):
-                engine.evict(key)
-            else:  # queued for this step and not needed: dropped unless already on the link (it goes next time)
-                engine.cancel(key)
+        for key in list(engine.cache.layer_keys(layer)):  # every copy of the layer landed before it computed
+            engine.evict(key)
         self._queue(layer, 0)
 
     def choose_victim(self, candidates, needed):
@@ -68,3 +78,10 @@ class LayerStream(Strategy):
         if streamed:  # the copy used furthest in the future
             return max(streamed, key=lambda k: self._ahead(k[0], current))
         return candidates[0] if candidates else None
+
+    def on_warmup_end(self):
+        pass  # its one metric is a size, not a counter
+
+    def metrics(self):
+        """What a decode step streams: every expert of every streamed layer (bytes)."""
+        return {"streamed_layer_bytes": len(self.streamed) * self.layer_bytes}

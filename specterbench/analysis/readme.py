@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from specterbench.analysis.gate_metrics import best_other_speedups
 from specterbench.analysis.report import render_markdown
 from specterbench.errors import UsageError
 from specterbench.runfiles.results import ResultRow
 
 BEGIN, END = "<!-- example-table:begin -->", "<!-- example-table:end -->"
+#: the markers of each generated section (``--section``)
+MARKERS = {"example": (BEGIN, END), "batch": ("<!-- batch-table:begin -->", "<!-- batch-table:end -->")}
 
 
 def example(rows: list[ResultRow], model: str, strategies: tuple[str, ...], command: str) -> str:
@@ -37,10 +41,40 @@ def example(rows: list[ResultRow], model: str, strategies: tuple[str, ...], comm
     return "\n".join(lines).rstrip() + "\n"
 
 
-def splice(text: str, section: str, path: Path) -> str:
-    """``text`` with the part between the markers replaced by ``section``."""
-    if BEGIN not in text or END not in text:
-        raise UsageError(f"{path} has no {BEGIN} … {END} markers; put them where the example goes")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{section}{END}{tail}"
+def batch_example(rows: list[ResultRow], model: str, strategies: tuple[str, ...], command: str) -> str:
+    """The generated batch sweep: for each strategy (in ``strategies``' order) and batch size, decode tokens/s per
+    user and in total (per GPU), from ``model``'s rows of a run with a batch axis; a row that did not run says why."""
+    chosen = [r for r in rows if r.model == model and r.strategy in strategies]
+    if not chosen:
+        raise UsageError(f"no rows of model {model!r} among {', '.join(strategies)} in the batch run; give --model "
+                         f"and --strategies of the run")
+    batches = sorted({r.batch or 1 for r in chosen})
+    cell = {(r.strategy, r.batch or 1): r for r in chosen}
+    frame = pd.DataFrame(
+        [[s] + [_batch_cell(cell.get((s, b))) for b in batches] for s in strategies if any(k[0] == s for k in cell)],
+        columns=["strategy"] + [f"B = {b}" for b in batches])
+    first = chosen[0]
+    label = (f"modeled · {first.profile} · {first.geometry_label} · budget {first.budget_fraction:.0%} of expert "
+             f"bytes · {first.workload}, {first.new_tokens} new tokens per request, {first.precision}")
+    return "\n".join(["```sh", command, "```", "", f"Decode tokens/s per user / in total ({label}):", "",
+                      frame.to_markdown(index=False), ""]) + "\n"
+
+
+def _batch_cell(row: ResultRow | None) -> str:
+    if row is None:
+        return "—"
+    if row.status != "ok":
+        return row.status
+    if row.tokens_per_s_per_user is None or row.tokens_per_s_total is None:
+        return "—"
+    return f"{row.tokens_per_s_per_user:.2f} / {row.tokens_per_s_total:.2f}"
+
+
+def splice(text: str, section: str, path: Path, which: str = "example") -> str:
+    """``text`` with the part between ``which``'s markers replaced by ``section``."""
+    begin, end = MARKERS[which]
+    if begin not in text or end not in text:
+        raise UsageError(f"{path} has no {begin} … {end} markers; put them where the {which} table goes")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{section}{end}{tail}"

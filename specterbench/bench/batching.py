@@ -196,7 +196,7 @@ def fill_batch_metrics(row: "ResultRow", engine: "Engine", steps, batch: int) ->
     decode = [s for group in steps for s in group[1:]]
     seconds = sum(s.wall_s if row.clock == "host" else s.clock_s for s in decode)
     tokens = sum(step_tokens(s, batch) for s in decode)  # every request's, over the batch's time
-    link = sum(s.h2d_bytes for s in decode) * batch  # the samples hold each request's share
+    link = sum(s.h2d_bytes for s in decode)  # the engine's own step samples: every byte of the step, once
     if decode:
         row.link_bytes_per_step = link / len(decode)
         row.link_bytes_per_token = link / tokens if tokens else None

@@ -65,6 +65,9 @@ def add_parser(sub) -> None:
     s.add_argument("--command", required=True, help="the command line that made the run, shown above the table")
     s.add_argument("--readme", type=Path, default=Path("README.md"))
     s.add_argument("--check", action="store_true", help="exit 1 when the README's section differs from a fresh one")
+    s.add_argument("--section", choices=("example", "batch"), default="example",
+                   help="example (default): the per-budget table of the gate reference; batch: a batch sweep's "
+                        "tokens/s per user and in total")
     s.set_defaults(func=cmd_readme)
 
     s = sub.add_parser("random-checkpoint", help="(tests) write a random-init checkpoint of a supported family "
@@ -154,25 +157,26 @@ def cmd_make_files(args) -> int:
 
 
 def cmd_readme(args) -> int:
-    from specterbench.analysis.readme import example, splice
+    from specterbench.analysis.readme import batch_example, example, splice
     from specterbench.runfiles.results import read_rows
 
     strategies = tuple(x.strip() for x in args.strategies.split(",") if x.strip())
-    section = example(read_rows(Path(args.run_dir)), args.model, strategies, " ".join(args.command.split()))
+    render = batch_example if args.section == "batch" else example
+    section = render(read_rows(Path(args.run_dir)), args.model, strategies, " ".join(args.command.split()))
     try:
         text = args.readme.read_text(encoding="utf-8")
     except OSError as err:
         raise UsageError(f"cannot read {args.readme} ({err.strerror or err}); give --readme PATH") from None
-    fresh = splice(text, section, args.readme)
+    fresh = splice(text, section, args.readme, args.section)
     if args.check:
         if fresh != text:
-            print(f"specterbench: {args.readme}'s example table is stale (its run or its command changed); "
+            print(f"specterbench: {args.readme}'s {args.section} table is stale (its run or its command changed); "
                   f"regenerate it with make readme", file=sys.stderr)
             return 1
-        print(f"{args.readme}: the example table is up to date")
+        print(f"{args.readme}: the {args.section} table is up to date")
         return 0
     args.readme.write_text(fresh, encoding="utf-8")
-    print(f"written: {args.readme} (example table of {args.model} from {args.run_dir})")
+    print(f"written: {args.readme} ({args.section} table of {args.model} from {args.run_dir})")
     return 0
 
 
