@@ -58,7 +58,10 @@ def parse_specter_k(value):
 
 class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
     name = "specter"
-    version = "5"  # 5: no plan at a cache of ≤ top-k slots; 4: int4 draft default, noise-aware release, transients only
+    prefill_default = True  # a prompt's layers placed by the engine's per-layer prefill policy
+    # 6: per-layer prefill policy; 5: no plan at a cache of ≤ top-k slots; 4: int4 draft default, noise-aware
+    # release, transients only
+    version = "6"
     description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
                    "governor, 0..32), its routing plans the prefetch, misses run on the host when faster")
     # the draft's routed experts at 4 bits, group 128, on torch's int4 kernel; where the budget cannot hold that
