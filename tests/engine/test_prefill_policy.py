@@ -101,3 +101,4 @@ def test_the_rule_is_host_for_few_tokens_per_expert_and_a_copy_for_many():
     assert few.policy == HOST and few.host_s <= few.stream_s
     assert many.policy in (STREAM, DEVICE) and many.host_s > many.stream_s
     assert many.policy == (STREAM if many.staging_room else DEVICE)
+    assert costs.prefill_policy(0, range(E), [1] * E) == few  # the estimate a strategy reads is the rule
