@@ -227,8 +227,10 @@ class Strategy:
     def on_miss(self, key: ExpertKey) -> None:
         pass
 
-    #: True: :meth:`prefill_layer` takes the engine's default policy (the MoE-aware threshold) in a prefill
-    prefill_default: ClassVar[bool] = False
+    #: set: :meth:`prefill_layer` takes the engine's default policy (the MoE-aware threshold) in a prefill —
+    #: ``"fetch"`` for a strategy whose ``place_miss`` fetches, ``"hybrid"`` for one that places misses by
+    #: ``engine.costs.host_or_fetch`` (then DEVICE is priced as host and link side by side)
+    prefill_default: ClassVar[str | None] = None
 
     def prefill_layer(self, layer: int, experts: Sequence[int], tokens_per_expert: Sequence[int]) -> str:
         """A request's prefill (its first target forward, more than one token): where this MoE layer's missing
@@ -237,7 +239,8 @@ class Strategy:
         (:mod:`specterbench.engine.prefill`). With ``prefill_default`` set, the engine's MoE-aware threshold
         (``engine.costs.prefill_policy``) decides."""
         if self.prefill_default:
-            return self.engine.costs.prefill_policy(layer, experts, tokens_per_expert).policy
+            return self.engine.costs.prefill_policy(layer, experts, tokens_per_expert,
+                                                    hybrid=self.prefill_default == "hybrid").policy
         return DEVICE
 
     def place_miss(self, key: ExpertKey, n_tokens: int) -> str:

@@ -102,3 +102,8 @@ def test_the_rule_is_host_for_few_tokens_per_expert_and_a_copy_for_many():
     assert many.policy in (STREAM, DEVICE) and many.host_s > many.stream_s
     assert many.policy == (STREAM if many.staging_room else DEVICE)
     assert costs.prefill_policy(0, range(E), [1] * E) == few  # the estimate a strategy reads is the rule
+    hybrid = costs.prefill_policy(0, range(E), [1] * E, hybrid=True)  # DEVICE priced as host and link side by side
+    assert hybrid.device_s <= max(hybrid.host_s, hybrid.stream_s)
+    assert hybrid.policy == min([(hybrid.host_s, HOST), (hybrid.device_s, DEVICE)]
+                                + ([(hybrid.stream_s, STREAM)] if hybrid.staging_room else []))[1] or (
+        hybrid.host_s == hybrid.device_s)
