@@ -21,8 +21,8 @@ layer whose missing experts ``M`` receive ``n_e`` tokens each it prices, with th
                routing order, to whichever of host and link hands it back first, ``host_or_fetch``'s rule with
                both queues advanced: the two resources work side by side)
 
-and picks the smallest; a tie goes to HOST (no copy), then STREAM (no eviction); STREAM only where the staging area holds all of
-``M`` (else it is not offered).
+and picks the smallest; a tie goes to HOST (no copy), then STREAM (no eviction); STREAM only where the staging area
+holds all of ``M`` (else it is not offered).
 The host's price grows with the tokens each expert serves, the copy's does not: short prompts (a few tokens per
 expert) stay on the host, long ones copy — the token threshold of llama.cpp's op offload, scaled by ``experts /
 top_k``, falls out of the two rates rather than being a constant.
