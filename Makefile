@@ -70,7 +70,7 @@ README_ARGS = results/reference --model $(README_MODEL) --strategies $(README_ST
 BATCH_MODEL ?= tiny-mixtral
 BATCH_STRATEGIES ?= specter,lru,n-cpu-moe,kt-hybrid,cpu-experts,layer-stream
 BATCH_RUN_ARGS ?= --geometry auto --profile a100-40g-pcie4 --strategies $(BATCH_STRATEGIES) --budgets 50% \
-  --batch 1,2,4,8,16,32 --prompts 32 --tokens 16 --seed 0
+  --batch 1,2,4,8,16,32 --prompts 32 --tokens 16 --seed 0 --set specter.k=4
 BATCH_README_ARGS = results/batch-example --section batch --model $(BATCH_MODEL) --strategies $(BATCH_STRATEGIES) \
   --command "specterbench run --model $(BATCH_MODEL) $(BATCH_RUN_ARGS)"
 
@@ -201,7 +201,7 @@ routing-stats:
 list:
 	$(BIN)/specterbench list
 
-# the modeled clock against published measurements (MoE-SpeQ, mixtral-offloading, Fiddler, components): ~4 min
+# the modeled clock against published measurements (papers, user setups, MoE-Gen's batch rows): ~10 min
 published:
 	OMP_NUM_THREADS=1 $(BIN)/specterbench published
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from specterbench.bench.budget import Budget
 from specterbench.bench.device_memory import kv_bytes_per_token
-from specterbench.engine.batch import begin_batch, per_request_samples
+from specterbench.engine.batch import begin_batch, per_request_samples, step_tokens
 from specterbench.errors import BudgetError, UsageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -92,21 +92,36 @@ def check_fit(runner, engine: "Engine", prompts) -> None:
         cls = runner.host.strategies().get(name)
         if cls.fixed_budget_fraction is not None:
             continue
-        floor = cls.min_budget(engine, dict(cfg.strategy_options.get(name, {})))
+        options = dict(cfg.strategy_options.get(name, {}))
+        floor = cls.min_budget(engine, options)
         for budget in runner.budgets:
             if budget.card_bytes is not None:  # a card's plan holds the largest batch's KV (refused there)
                 continue
             nbytes = budget.resolve(total)
             for batch in sorted(cfg.batches):
                 priced, charged = kv_bytes(engine, batch, context)
-                if nbytes - charged >= floor:
+                if holds(cls, engine, nbytes - charged, floor, options):
                     continue
-                fits = [b for b in range(1, batch) if nbytes - kv_bytes(engine, b, context)[1] >= floor]
+                fits = [b for b in range(1, batch)
+                        if holds(cls, engine, nbytes - kv_bytes(engine, b, context)[1], floor, options)]
                 largest = f"the largest that fits is --batch {max(fits)}" if fits else "no batch fits"
                 raise BudgetError(f"--batch {batch} does not fit budget {budget.text} for {name}: the KV cache of "
                                   f"{batch} request(s) of {context} positions ({priced / 2**20:.1f} MiB at "
-                                  f"{engine.geometry.name}) leaves less than the {floor / total:.1%} of expert bytes "
-                                  f"it needs; {largest}, or raise the budget")
+                                  f"{engine.geometry.name}) leaves {(nbytes - charged) / total:.1%} of expert bytes, "
+                                  f"less than it needs (at least {floor / total:.1%}, and any draft it keeps); "
+                                  f"{largest}, or raise the budget")
+
+
+def holds(cls, engine: "Engine", nbytes: int, floor: int, options: dict) -> bool:
+    """Whether ``nbytes`` (a budget less the KV) holds what ``cls`` needs: its floor, and what its own
+    :meth:`~specterbench.Strategy.check_budget` asks (a draft it keeps on the device)."""
+    if nbytes < floor:
+        return False
+    try:
+        cls.check_budget(engine, nbytes, options)
+    except BudgetError:
+        return False
+    return True
 
 
 def batch_cells(runner, model: str):
@@ -180,15 +195,15 @@ def fill_batch_metrics(row: "ResultRow", engine: "Engine", steps, batch: int) ->
         row.tokens_per_expert = st.decode_routings / st.decode_distinct_experts
     decode = [s for group in steps for s in group[1:]]
     seconds = sum(s.wall_s if row.clock == "host" else s.clock_s for s in decode)
-    tokens = sum(s.tokens for s in decode)  # per request: every request of a batch received them
+    tokens = sum(step_tokens(s, batch) for s in decode)  # every request's, over the batch's time
     link = sum(s.h2d_bytes for s in decode)  # the engine's own step samples: every byte of the step, once
     if decode:
         row.link_bytes_per_step = link / len(decode)
-        row.link_bytes_per_token = link / (tokens * batch) if tokens else None
+        row.link_bytes_per_token = link / tokens if tokens else None
     row.host_expert_tokens = st.host_expert_tokens
     if seconds > 0:
-        row.tokens_per_s_per_user = tokens / seconds
-        row.tokens_per_s_total = tokens * batch / seconds
+        row.tokens_per_s_per_user = tokens / batch / seconds
+        row.tokens_per_s_total = tokens / seconds
     row.tpot_p99_ms = _pct(row.samples.get("tpot_ms") or [], 0.99)
 
 

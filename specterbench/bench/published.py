@@ -16,6 +16,7 @@ system, the gap is what that system pays and the clock does not model (``docs/pu
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import json
@@ -25,8 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specterbench.bench.budget import Budget
-from specterbench.bench.checks import check_context
+from specterbench.bench.checks import check_context, context_tokens
 from specterbench.bench.config import BenchConfig
+from specterbench.bench.device_memory import kv_bytes_per_token
+from specterbench.bench.prompts import Shape, shaped_prompts
 from specterbench.bench.published_record import Measurement
 from specterbench.bench.runner import Runner, encode_prompts, load_prompts
 from specterbench.bench.validate import mean_tpot_ms
@@ -53,6 +56,7 @@ class Outcome:
     budget_fraction: float | None = None
     status: str = "ok"
     note: str = ""
+    prompt_tokens: int | None = None  # the stand-in's prompt length, where the row asks for one
 
     @property
     def ratio(self) -> float | None:
@@ -134,10 +138,12 @@ def budget_bytes(host, engine, m: Measurement) -> tuple[int, str]:
         real = _priced(m)
         profile = host.profiles().get(m.profile)
         dense = dense_bytes(real, m.precision)
-        free = profile.device_memory_bytes - dense - b.get("reserve_gib", 0.0) * 2**30
+        kv = kv_bytes_per_token(real) * m.kv_context * m.batch if m.kv_context else 0
+        free = profile.device_memory_bytes - dense - kv - b.get("reserve_gib", 0.0) * 2**30
         fraction = max(0.0, min(1.0, free / real.all_expert_bytes))
         nbytes = int(fraction * total)
-        how = (f"{profile.device_memory_bytes / 2**30:.0f} GiB - dense {dense / 1e9:.1f} GB - "
+        kv_text = f" - KV {m.batch} x {m.kv_context} positions {kv / 1e9:.1f} GB" if kv else ""
+        how = (f"{profile.device_memory_bytes / 2**30:.0f} GiB - dense {dense / 1e9:.1f} GB{kv_text} - "
                f"{b.get('reserve_gib', 0.0):g} GiB reserve, of {real.all_expert_bytes / 1e9:.1f} GB of experts")
     if "minus_draft_of" in b:
         nbytes -= draft_bytes(host, engine, b["minus_draft_of"], {})
@@ -158,14 +164,27 @@ def run_record(host, measurements: list[Measurement], *, prompts: int, tokens: i
         if m.kind == "component_ms":
             outcomes[m.id].modeled = price_component(host, m)
     groups: dict[tuple, list[Measurement]] = {}
-    for m in measurements:
+    for m in measurements:  # one engine and reference per stand-in, pricing, prompt length and prompt count
         if m.kind != "component_ms":
-            groups.setdefault((m.standin, m.geometry, m.precision), []).append(m)
-    for (standin, geometry, precision), rows in groups.items():
+            key = (m.standin, m.geometry, m.precision, m.prompt_tokens, max(prompts, m.batch))
+            groups.setdefault(key, []).append(m)
+    for (standin, geometry, precision, _, n), rows in groups.items():
         if progress:
             progress(f"published · {standin} @ {geometry} · {precision.label()} · {len(rows)} measurement(s)")
-        _run_group(host, standin, geometry, precision, rows, outcomes, prompts, tokens, out, progress)
+        _run_group(host, standin, geometry, precision, rows, outcomes, n, tokens, out, progress)
     return [outcomes[m.id] for m in measurements]
+
+
+def group_prompts(engine, workload: str, n: int, tokens: int, prompt_tokens: int | None, default_limit: int):
+    """The group's ``n`` prompts: the workload's own (cut at ``default_limit`` tokens), or, where the record states a
+    published prompt length, ``n`` windows of the workload's text of that length, or of the longest the stand-in's
+    context leaves beside ``tokens`` new tokens when the published one is longer (all of one length: a batch
+    decodes in lock step)."""
+    if prompt_tokens is None:
+        return encode_prompts(engine, load_prompts(workload, n), default_limit)
+    limit = context_tokens(engine)
+    length = prompt_tokens if limit is None else max(1, min(prompt_tokens, limit - tokens))
+    return shaped_prompts(engine.tokenizer, load_prompts(workload, 10**6), n, Shape(length))
 
 
 def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, tokens, out, progress) -> None:
@@ -177,11 +196,11 @@ def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, toke
     base.validate(host)
     runner = Runner(host, base, Path(out))
     engine = runner.load_engine(standin)
-    texts = load_prompts(base.workload, base.prompts)
-    encoded = encode_prompts(engine, texts, base.max_prompt_tokens)
+    encoded = group_prompts(engine, base.workload, prompts, tokens, first.prompt_tokens, base.max_prompt_tokens)
     check_context(engine, encoded, base.tokens)
     reference = runner.record_reference(engine, encoded)
     calibration = None
+    ran: dict[tuple, tuple] = {}  # cell inputs -> (the first row's id, its row)
     for m in rows:
         o = outcomes[m.id]
         cls = host.strategies().get(m.strategy)
@@ -190,27 +209,46 @@ def _run_group(host, standin, geometry, precision, rows, outcomes, prompts, toke
                                             strategy_options={m.strategy: dict(m.options)} if m.options else {})
         nbytes, how = budget_bytes(host, engine, m)
         o.note = how
+        o.prompt_tokens = len(encoded[0][1]) if m.prompt_tokens is not None else None
         o.budget_fraction = nbytes / engine.total_expert_bytes
         if cls.uses_calibration and calibration is None:
             calibration = runner.calibrate(engine)
         if progress:
             progress(f"published · {m.id}: {m.strategy} @ {o.budget_fraction:.1%} on {m.profile}")
-        row = runner.run_cell(engine, f"published|{m.id}|{precision.label()}", m.strategy, cls,
-                              Budget(f"{nbytes}B", nbytes=nbytes), 0, encoded, reference, calibration)
+        same = (m.strategy, json.dumps(m.options, sort_keys=True), nbytes, m.profile, m.host_profile, m.batch)
+        if same in ran:  # the same cell as an earlier row (several systems stood for by one strategy): its row
+            row = copy.deepcopy(ran[same][1])
+            row.cell = f"published|{m.id}|{precision.label()}"
+            row.extra["same_cell_as"] = ran[same][0]
+            o.note += f"; the same cell as {ran[same][0]}"
+        else:
+            # a batch row's budget holds its KV at the published lengths already (budget_bytes); the run's config
+            # has no batch axis, so the runner charges none of its own
+            row = runner.run_cell(engine, f"published|{m.id}|{precision.label()}", m.strategy, cls,
+                                  Budget(f"{nbytes}B", nbytes=nbytes), 0,
+                                  encoded[:max(1, len(encoded) // m.batch * m.batch)], reference, calibration,
+                                  batch=m.batch)
+            ran[same] = (m.id, copy.deepcopy(row))
         row.extra["published"] = {"id": m.id, "source": m.source, "value": m.value, "kind": m.kind}
         runner.writer.append(row)
         if row.status != "ok":
             o.status = f"{row.status}: {row.error}"
             continue
-        o.modeled = row.hit_rate if m.kind == "hit_rate" else mean_tpot_ms(row, "tpot_ms")
+        if m.kind == "hit_rate":
+            o.modeled = row.hit_rate
+        elif m.batch > 1:  # ms per token of the whole batch: the GPU's tokens/s, as the published figure
+            o.modeled = 1000.0 / row.tokens_per_s_total if row.tokens_per_s_total else None
+        else:
+            o.modeled = mean_tpot_ms(row, "tpot_ms")
 
 
 def pairs_of(outcomes: list[Outcome]) -> list[Pair]:
     """Every two end-to-end time measurements of one setting (same source, hardware, model and budget scheme)."""
     by_setting: dict[str, list[Outcome]] = {}
     for o in outcomes:
-        if o.measurement.kind in TIME_KINDS and o.measurement.setting:
-            by_setting.setdefault(o.measurement.setting, []).append(o)
+        if o.measurement.kind in TIME_KINDS:
+            for setting in o.measurement.settings:
+                by_setting.setdefault(setting, []).append(o)
     out = []
     for setting, group in by_setting.items():
         for a, b in itertools.combinations(group, 2):
@@ -255,6 +293,9 @@ def render(outcomes: list[Outcome]) -> str:
         who = m.system if m.strategy is None else f"{m.system} → `{m.strategy}{opts}`"
         model = (f"{m.model} ({m.precision.label()})" if m.standin is None else
                  f"{m.model} ({m.standin} @ {m.geometry}, {m.precision.label()})")
+        if m.batch > 1 or m.prompt_tokens is not None:
+            model += f", B={m.batch}" + ("" if o.prompt_tokens is None else
+                                          f", prompt {o.prompt_tokens} of {m.prompt_tokens} tokens")
         prof = m.profile + (f" + {m.host_profile}" if m.host_profile and m.kind != "hit_rate" else "")
         budget = "-" if o.budget_fraction is None else f"{o.budget_fraction:.1%} ({o.note})"
         if m.kind == "hit_rate":
@@ -292,7 +333,8 @@ def to_json(outcomes: list[Outcome]) -> dict:
                      "precision": m.precision.label(), "profile": m.profile, "host_profile": m.host_profile,
                      "kind": m.kind, "published": m.value, "published_ms": m.published_ms, "chart": m.chart,
                      "modeled": o.modeled, "ratio": o.ratio, "budget_fraction": o.budget_fraction,
-                     "budget": o.note, "status": o.status})
+                     "budget": o.note, "status": o.status, "batch": m.batch, "settings": list(m.settings),
+                     "prompt_tokens_published": m.prompt_tokens, "prompt_tokens_run": o.prompt_tokens})
     pairs = [{"setting": p.setting, "faster": p.fast.measurement.id, "slower": p.slow.measurement.id,
               "published": p.published, "modeled": p.modeled, "error": p.error} for p in pairs_of(outcomes)]
     return {"measurements": rows, "pairs": pairs, "summary": summary(outcomes)}

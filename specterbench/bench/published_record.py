@@ -46,12 +46,29 @@ class Measurement:
     standin: str | None = None
     host_profile: str | None = None
     budget: dict = field(default_factory=dict)
-    setting: str | None = None
+    setting: str | list[str] | None = None  # one setting, or several (a row in more than one comparison)
     lengths: str = "not stated"
     chart: bool = False
     op: str | None = None
     count: int = 1
     threads: int | None = None
+    batch: int = 1  # requests decoding together; the value is then tokens/s over the whole batch (per GPU)
+    prompt_tokens: int | None = None  # the published prompt length, when the row prices its KV cache
+    new_tokens: int | None = None  # the published decode length, likewise
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        """Every setting the row is compared in (pairs form within each)."""
+        if self.setting is None:
+            return ()
+        return (self.setting,) if isinstance(self.setting, str) else tuple(self.setting)
+
+    @property
+    def kv_context(self) -> int | None:
+        """Positions of each request's KV cache as published (prompt + new tokens), or None when not stated."""
+        if self.prompt_tokens is None or self.new_tokens is None:
+            return None
+        return self.prompt_tokens + self.new_tokens
 
     @property
     def published_ms(self) -> float | None:
@@ -149,6 +166,19 @@ def _measurement(row: dict, Precision) -> Measurement:
     count = row.get("count", 1)
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise UsageError(f"count must be a positive integer, got {count!r}")
+    for name in ("batch", "prompt_tokens", "new_tokens"):
+        n = row.get(name, 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise UsageError(f"{name} must be a positive integer, got {n!r}")
+    if row.get("batch", 1) > 1 and kind != "tokens_per_s":
+        raise UsageError(f"batch {row['batch']} needs kind = \"tokens_per_s\" (the batch's tokens/s per GPU), got "
+                         f"kind {kind!r}")
+    if ("prompt_tokens" in row) != ("new_tokens" in row):
+        raise UsageError("prompt_tokens and new_tokens come together (the published lengths whose KV is charged)")
+    setting = row.get("setting")
+    if setting is not None and not (isinstance(setting, str) or (
+            isinstance(setting, list) and setting and all(isinstance(x, str) for x in setting))):
+        raise UsageError(f"setting must be a string or a list of strings, got {setting!r}")
     return Measurement(**{**row, "value": float(value), "precision": precision,
                           "options": dict(row.get("options", {})), "budget": dict(row.get("budget", {}))})
 

@@ -81,6 +81,18 @@ def decode_batch(engine: "Engine", requests: Sequence["Request"], samplers=None)
 
 def per_request_samples(samples: Sequence[StepSample], batch: int) -> list[list[StepSample]]:
     """Each request's view of a batch's step samples: the same times and stalls (every request waited for every
-    step), the step's link bytes shared out evenly (so bytes per token stay bytes over all tokens)."""
-    mine = [replace(s, h2d_bytes=s.h2d_bytes / batch) for s in samples]
-    return [list(mine) for _ in range(batch)]
+    step), the step's link bytes shared out evenly (so bytes per token stay bytes over all tokens). A step that
+    says how many tokens each request received (``per_request``: a batched speculative window) gives each request
+    its own count; a step that gave a request none (it already had all its tokens) is not one of its samples."""
+    out: list[list[StepSample]] = [[] for _ in range(batch)]
+    for s in samples:
+        counts = s.per_request or (s.tokens,) * batch
+        for b in range(batch):
+            if counts[b]:
+                out[b].append(replace(s, tokens=counts[b], h2d_bytes=s.h2d_bytes / batch, per_request=None))
+    return out
+
+
+def step_tokens(sample: StepSample, batch: int) -> int:
+    """Tokens a batch's step gave all its requests together."""
+    return sum(sample.per_request) if sample.per_request is not None else sample.tokens * batch

@@ -238,12 +238,14 @@ class Engine(CacheControl, CellSetup):
         self._mark = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self.strategy.on_request_start(request)
 
-    def emit(self, n_tokens: int) -> None:
-        """Record that ``n_tokens`` became available to the user since the last mark (first call: TTFT)."""
+    def emit(self, n_tokens: int, per_request=None) -> None:
+        """Record that ``n_tokens`` became available to the user since the last mark (first call: TTFT); a batched
+        step whose requests received different counts gives each one's in ``per_request`` (batch order)."""
         self.clock.sync()
         now = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self.samples.append(StepSample(n_tokens, now[0] - self._mark[0], now[1] - self._mark[1],
-                                       max(0.0, now[2] - self._mark[2]), now[3] - self._mark[3]))
+                                       max(0.0, now[2] - self._mark[2]), now[3] - self._mark[3],
+                                       None if per_request is None else tuple(per_request)))
         self._mark = now
         self._deliver_landed()
 

@@ -37,6 +37,7 @@ class StepSample:
     wall_s: float
     stall_s: float = 0.0  # compute-stream stall since the last sample (the first sample of a request: prefill)
     h2d_bytes: int = 0  # host->device bytes the link carried since the last sample
+    per_request: tuple[int, ...] | None = None  # a batched step whose requests received different counts: each one's
 
 
 @dataclass(slots=True)

@@ -11,11 +11,11 @@ from specterbench.errors import UsageError
 
 
 def test_batch_table_shows_each_cells_per_user_and_total_rate(host, small_prompts, tmp_path):
-    config = BenchConfig(models=("tiny-random-mixtral",), strategies=("lru", "spec-host"),
+    config = BenchConfig(models=("tiny-random-mixtral",), strategies=("lru", "oracle"),
                          budgets=(parse_budget("65%"),), profile="a100-40g-pcie4", prompts=2, tokens=6,
                          geometry="mixtral", batches=(1, 2))
     rows = Runner(host, config, tmp_path).run()
-    text = batch_example(rows, "tiny-random-mixtral", ("spec-host", "lru"), "specterbench run …")
+    text = batch_example(rows, "tiny-random-mixtral", ("oracle", "lru"), "specterbench run …")
     lines = [line for line in text.splitlines() if line.startswith("| ")]
     assert [c.strip() for c in lines[0].split("|")[1:-1]] == ["strategy", "B = 1", "B = 2"]
     by = {r.strategy: {} for r in rows}
@@ -25,8 +25,8 @@ def test_batch_table_shows_each_cells_per_user_and_total_rate(host, small_prompt
     for b in (1, 2):
         r = by["lru"][b]
         assert f"{r.tokens_per_s_per_user:.2f} / {r.tokens_per_s_total:.2f}" in lru
-    spec = next(line for line in lines if line.startswith("| spec-host"))
-    assert by["spec-host"][2].status in spec  # the row that did not run says so, in the strategy's order
+    spec = next(line for line in lines if line.startswith("| oracle"))
+    assert by["oracle"][2].status in spec  # the row that did not run says so, in the strategy's order
     assert lines.index(spec) < lines.index(lru)
     assert "modeled · a100-40g-pcie4" in text and "mixtral geometry" in text
     with pytest.raises(UsageError, match="no rows of model 'nope'"):

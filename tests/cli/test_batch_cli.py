@@ -47,3 +47,12 @@ def test_a_batch_whose_kv_cannot_fit_names_the_largest_that_fits(host, tmp_path,
     assert code == 2 and "--batch 32 does not fit budget 260000B for lru" in line
     assert "the largest that fits is --batch" in line
     assert not (tmp_path / "r").exists()
+
+
+def test_a_batch_whose_kv_leaves_no_room_for_a_draft_names_the_largest_that_fits(host, tmp_path, capsys):
+    code, _, err = run(tmp_path, capsys, "--batch", "1,8", "--budgets", "60%", "--tokens", "8",
+                       "--strategies", "spec-decode", "--prompts", "8")
+    line = one_line(err)
+    assert code == 2 and "--batch 8 does not fit budget 60% for spec-decode" in line, line
+    assert "the largest that fits is --batch" in line
+    assert not (tmp_path / "r").exists()

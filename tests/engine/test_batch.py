@@ -37,10 +37,13 @@ def config(**kw):
 
 
 def lossless_strategies(host, batch):
-    """Every built-in lossless strategy that decodes ``batch`` requests together (the others declare max_batch)."""
+    """Every built-in lossless strategy that decodes ``batch`` requests together (the others declare max_batch);
+    the speculative plugin's are checked at a budget that holds their drafts (plugins/specter/tests/test_batched.py)."""
     names = []
     for name in host.strategies().names():
         cls = host.strategies().get(name)
+        if not cls.__module__.startswith("specterbench."):
+            continue
         if cls.lossless and (cls.max_batch is None or cls.max_batch >= batch):
             names.append(name)
     return tuple(names)
@@ -173,3 +176,19 @@ def test_a_strategy_past_its_max_batch_is_a_row_that_says_why(host, small_prompt
 def test_a_bad_batch_is_one_line(text):
     with pytest.raises(UsageError, match="--batch"):
         parse_batches(text)
+
+
+def test_a_step_of_ragged_counts_gives_each_request_its_own_samples():
+    """A batched speculative window gives requests different numbers of tokens (``engine.emit(n, per_request=…)``):
+    each request's samples carry its own count, a request given none (it had all its tokens) has no sample there,
+    and the batch's tokens are every request's."""
+    from specterbench.engine.batch import per_request_samples, step_tokens
+    from specterbench.engine.stats import StepSample
+
+    steps = [StepSample(1, 0.5, 0.0, per_request=(1, 1)), StepSample(3, 1.0, 0.0, 0.0, 8, per_request=(3, 1)),
+             StepSample(2, 1.0, 0.0, per_request=(0, 2))]
+    mine = per_request_samples(steps, 2)
+    assert [s.tokens for s in mine[0]] == [1, 3] and [s.tokens for s in mine[1]] == [1, 1, 2]
+    assert mine[0][1].h2d_bytes == 4 and mine[0][1].clock_s == 1.0
+    assert [step_tokens(s, 2) for s in steps] == [2, 4, 2]
+    assert step_tokens(StepSample(1, 1.0, 0.0), 4) == 4  # a plain step: one token for each request

@@ -31,6 +31,7 @@ from specterbench.engine.quant_spec import QuantSpec, draft_label
 from specterbench.errors import BudgetError, UsageError
 
 from .acceptance import acceptance_by_position, accepted_prefix, per_token_acceptance
+from .batched import BatchedWindows
 
 MAX_K = 32
 
@@ -62,13 +63,12 @@ def parse_k(value, allowed: tuple[int, ...] | None = None, auto: bool = True):
     return k
 
 
-class SpeculativeDecoding(Strategy):
-    """Self-draft speculative decoding; subclasses choose K, the cache policy and what to prefetch."""
+class SpeculativeDecoding(BatchedWindows, Strategy):
+    """Self-draft speculative decoding; subclasses choose K, the cache policy and what to prefetch. Several
+    requests at once: :mod:`.batched` (one batched verification a window, lock step at the shortest acceptance)."""
 
     version = "2"
     uses_calibration = True
-    max_batch = 1
-    max_batch_reason = "drafts and verifies one request's window at a time"
     draft_defaults: dict = {}  # QuantSpec defaults of this strategy
     # bit widths tried in order, when the options do not name ``bits``, where the default draft does not fit the
     # budget or is not below the target's bits (:meth:`draft_spec_for`); empty: the default or a refusal
@@ -245,6 +245,7 @@ class SpeculativeDecoding(Strategy):
         self.recalls: list[float] = []
         self.precisions: list[float] = []
         self.draft_s = self.total_s = 0.0
+        self.reset_batch_metrics()
 
     # ---- decoding ----------------------------------------------------------------------------------
     def choose_k(self, remaining: int) -> int:
@@ -301,6 +302,7 @@ class SpeculativeDecoding(Strategy):
         self.accepted += a
         self.accepted_lengths.append(a)
         self.window_ks.append(k)
+        self.last_window = [(k, a)]
         return proposals[:a] + [target[a]]
 
     def propose(self, engine, sampler, seq, kv, k) -> list[int]:
@@ -391,6 +393,7 @@ class SpeculativeDecoding(Strategy):
             "expert_precision": statistics.mean(self.precisions) if self.precisions else None,
             "draft_time_share": self.draft_s / self.total_s if self.total_s else None,
         }
+        m.update(self.batch_metrics())
         if self.k_profile:
             m["k_profile_ms_per_token"] = {str(k): v for k, v in self.k_profile.items()}
         return m

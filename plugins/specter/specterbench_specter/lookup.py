@@ -134,6 +134,26 @@ class SpecNgram(CacheOrder, SpeculativeDecoding):
     def propose(self, engine, sampler, seq, kv, k) -> list[int]:
         return self.pending[:k]
 
+    def begin_batch_windows(self, requests) -> None:
+        self.indices = [NgramIndex(self.sizes) for _ in requests]  # each request looks up its own sequence
+
+    def batch_choose_k(self, seqs, remaining) -> int:
+        """Each request's own lookup (as :meth:`choose_k`, over its own sequence); K is the longest found."""
+        self.batch_pending = []
+        for seq, index, left in zip(seqs, self.indices, remaining):
+            self.seq, self.index = seq, index
+            self.batch_pending.append(self.pending if left > 1 and self.choose_k(left) else [])
+        return max(map(len, self.batch_pending))
+
+    def propose_batch(self, engine, requests, samplers, rows, L, T, kv, k) -> list[int]:
+        """Each request's own lookup, as much of it as its row has room for (the rest filled by the caller)."""
+        made = []
+        for row, found in zip(rows, self.batch_pending):
+            take = found[:T - len(row)]
+            row.extend(take)
+            made.append(len(take))
+        return made
+
     def place_miss(self, key, n_tokens):
         """Misses of a verification or a plain step: the host when it is predicted to finish first."""
         if self.host_path and self.engine.costs.host_or_fetch(n_tokens).place == ON_HOST:

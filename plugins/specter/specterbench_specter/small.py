@@ -83,6 +83,9 @@ class SpecSmall(CacheOrder, SpeculativeDecoding):
                    "host path for misses")
     plan_on = False  # a dense draft routes nothing: CacheOrder keeps no draft-predicted experts
     k_default = 8
+    max_batch = 1
+    max_batch_reason = ("its separate draft model keeps one request's own KV cache (charged for one request's "
+                        "positions); its windows are not batched")
 
     @classmethod
     def option_names(cls):

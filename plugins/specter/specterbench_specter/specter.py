@@ -197,7 +197,8 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
             self.resident_use.append(self.residents_read / self.residents_cached)
         super().end_window(k, emitted, window_s)
         if k:
-            self.governor.observe_acceptance(k, self.accepted_lengths[-1])
+            for proposed, accepted in self.last_window:  # every request of a batched window
+                self.governor.observe_acceptance(proposed, accepted)
             if not self.explore and not self.seeding and not self.window_in_tail:  # a request's tail: K cut short
                 self.recent_windows = (self.recent_windows + [(window_s, emitted)])[-self.RECENT:]
             elif self.seeding:

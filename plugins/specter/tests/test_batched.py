@@ -1,0 +1,130 @@
+"""Speculative windows of several requests verified together: each request's tokens equal its own batch-1 decode,
+greedy and sampled, every token it accepted kept, and the work done twice or for nothing counted."""
+
+import pytest
+import torch
+
+from specterbench import Request, Strategy
+from specterbench.catalog.tiny import tiny_random
+from specterbench.engine.batch import begin_batch, per_request_samples
+from specterbench.engine.engine import Engine
+from specterbench.engine.modeled_clock import ModeledClock
+from specterbench.engine.profiles import default_host_profile, default_profile
+from specterbench.engine.sampling import GREEDY, DecodeSetting
+from specterbench_specter import SpecDecode, SpecHost, SpecMoEOff, SpecNgram, Specter
+
+SAMPLED = DecodeSetting.sample(temperature=1.0)
+
+
+def engine_for():
+    model, tok = tiny_random("mixtral")
+    return Engine(model, name="mixtral", tokenizer=tok)
+
+
+def configure(engine, strategy, fraction=0.8):
+    engine.configure(strategy, int(fraction * engine.total_expert_bytes),
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile()))
+
+
+def requests_for(decode, n=4, tokens=10):
+    prompts = [tuple(torch.randint(0, 200, (6,), generator=torch.Generator().manual_seed(i)).tolist())
+               for i in range(n)]
+    return [Request(f"p{i}", ids, tokens, decode=decode) for i, ids in enumerate(prompts)]
+
+
+def alone(requests):
+    engine = engine_for()
+    configure(engine, Strategy(), 1.0)
+    out = []
+    for r in requests:
+        engine.begin_request(r)
+        out.append(engine.decode(r))
+    return out
+
+
+@pytest.mark.parametrize("decode", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("make", [lambda: Specter(k=3), lambda: SpecHost(k=4), lambda: SpecDecode(k=3),
+                                  lambda: SpecMoEOff(), lambda: SpecNgram(k=4),
+                                  lambda: SpecDecode(k=3, draft_noise=0.5)],
+                         ids=["specter", "spec-host", "spec-decode", "specmoeoff", "spec-ngram", "noisy-draft"])
+def test_each_request_of_a_batch_gets_its_own_batch_1_tokens(make, decode):
+    requests = requests_for(decode)
+    engine = engine_for()
+    strategy = make()
+    configure(engine, strategy)
+    begin_batch(engine, requests)
+    assert strategy.generate_batch(engine, requests) == alone(requests)
+    m = strategy.metrics()
+    assert set(m["acceptance_per_request"]) <= {r.id for r in requests}
+    assert m["batch_verify_positions"] >= m["batch_reverified_positions"] + m["batch_filler_positions"]
+
+
+def test_ragged_acceptance_keeps_every_accepted_token_and_counts_the_reverified_ones():
+    """A draft that agrees with the target for one request and never for another: the first accepts whole
+    windows, the cache is cropped to the second's length, and the first's accepted tokens come back as pending
+    tokens of the next window — verified again, counted, never lost (its tokens arrive faster than one a window)."""
+    requests = requests_for(GREEDY, n=2, tokens=12)
+    engine = engine_for()
+    strategy = SpecDecode(k=3)
+    configure(engine, strategy, 1.0)
+    good = alone(requests)[0]
+    propose = strategy.propose_batch
+
+    def one_good_one_wrong(engine, reqs, samplers, rows, L, T, kv, k):
+        made = propose(engine, reqs, samplers, rows, L, T, kv, k)
+        pos = L + len(rows[0]) - made[0]  # the position of request 0's first proposal
+        rows[0][len(rows[0]) - made[0]:] = [good[p - 6] if p - 6 < len(good) else 0 for p in range(pos, pos + made[0])]
+        rows[1][len(rows[1]) - made[1]:] = [(t + 1) % 200 for t in rows[1][len(rows[1]) - made[1]:]]
+        return made
+
+    strategy.propose_batch = one_good_one_wrong
+    begin_batch(engine, requests)
+    out = strategy.generate_batch(engine, requests)
+    assert out == alone(requests)
+    m = strategy.metrics()
+    assert m["acceptance_per_request"]["p1"] == 0.0 and m["acceptance_per_request"]["p0"] > 0.5
+    assert m["batch_reverified_positions"] > 0
+    mine = per_request_samples(engine.samples, 2)
+    assert sum(s.tokens for s in mine[0]) == sum(s.tokens for s in mine[1]) == 12
+    assert len(mine[0]) < len(mine[1])  # request 0 finished in fewer steps; its samples end there
+
+
+def test_k0_with_ragged_pending_tokens_fills_the_rows_and_stays_lossless():
+    requests = requests_for(SAMPLED, n=3, tokens=8)
+    engine = engine_for()
+    strategy = SpecDecode(k=3)
+    configure(engine, strategy, 1.0)
+    ks = iter([3, 0, 0, 3, 0])
+    strategy.choose_k = lambda remaining: min(next(ks, 0), remaining)
+    begin_batch(engine, requests)
+    assert strategy.generate_batch(engine, requests) == alone(requests)
+
+
+@pytest.fixture
+def four_prompts(monkeypatch):
+    """Four short prompts (the shared fixture has three; a batch of 4 needs more)."""
+    from specterbench.bench import runner
+    from specterbench.testing.pytest_plugin import SMALL_PROMPTS
+
+    texts = [(f"q{j}", f"{text} {j}") for j, (_, text) in enumerate(SMALL_PROMPTS * 2)][:4]
+    monkeypatch.setattr(runner, "load_prompts", lambda name, n: texts[:n])
+
+
+@pytest.mark.parametrize("decode", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_the_runner_checks_every_speculative_strategy_at_batch_4_against_its_batch_1_reference(
+        host, four_prompts, tmp_path, decode):
+    from specterbench.bench.budget import parse_budget
+    from specterbench.bench.config import BenchConfig
+    from specterbench.bench.runner import Runner
+
+    names = ("specter", "spec-host", "spec-decode", "specmoeoff", "spec-ngram", "spec-small")
+    cfg = BenchConfig(models=("tiny-random-mixtral",), strategies=names, budgets=(parse_budget("90%"),),
+                      profile="a100-40g-pcie4", prompts=4, tokens=6, batches=(4,), decode=decode,
+                      strategy_options={"specter": {"k": 3}, "spec-host": {"k": 2}})
+    rows = {r.strategy: r for r in Runner(host, cfg, tmp_path).run()}
+    assert rows["spec-small"].status == "unsupported"  # its draft model's KV is one request's
+    for name in names[:-1]:
+        row = rows[name]
+        assert (row.status, row.lossless, row.batch) == ("ok", True, 4), (name, row.error)
+        assert row.extra["numerics"] == "bit-identical", name
+        assert row.extra["batch_verify_positions"] > 0 and row.tokens_per_s_total > row.tokens_per_s_per_user
