@@ -4,7 +4,9 @@ CPU where its weights already are, and a prefill policy that may stream a host e
 Prefill: llama.cpp copies host weights to the device for a batch of at least 32 tokens (its op-offload threshold;
 MoE-aware forks such as ik_llama.cpp scale it to ``experts / top-k x 32`` tokens, since each expert sees about
 ``top-k / experts`` of a batch), otherwise it computes them on the host; KTransformers switches by a token threshold
-too. ``prefill=auto`` does that with the MoE-aware threshold, ``stream`` always streams, ``host`` never does. A
+too. ``prefill=auto`` does that with the MoE-aware threshold, ``stream`` always streams, ``host`` never does;
+``priced`` decides per layer by the engine's prefill rule (``engine.costs.prefill_policy``: the layer's host experts
+on the host against their copies, each at the profile's rates) and streams the layers where copying is sooner. A
 streamed layer's experts are copied into a buffer of one layer's experts (charged to the budget, as llama.cpp's
 compute buffer holds a layer's expert tensor) and dropped after the prefill, so that decode never finds them:
 nothing is copied during decode. Without room for that buffer, ``auto`` computes the prefill on the host.
@@ -15,9 +17,9 @@ from __future__ import annotations
 import math
 
 from specterbench.errors import UsageError
-from specterbench.strategy import FETCH, ON_HOST, Strategy
+from specterbench.strategy import DEVICE, FETCH, HOST, ON_HOST, Strategy
 
-PREFILL = ("auto", "stream", "host")
+PREFILL = ("auto", "stream", "host", "priced")
 OP_OFFLOAD_TOKENS = 32  # llama.cpp's minimum batch for copying host weights to the device
 
 
@@ -93,10 +95,24 @@ class HostExperts(Strategy):
 
     def on_step_start(self, n_tokens: int) -> None:
         self.forward_tokens = n_tokens
+        self.layer_streams = False
+
+    def prefill_layer(self, layer, experts, tokens_per_expert):
+        """``prefill=priced``: whether this layer's host experts stream, by the engine's rule (they stream through
+        this strategy's own buffer, so the engine's answer is only read as host or not)."""
+        if self.prefill == "priced" and self.streaming_room:
+            routed = [(e, n) for e, n in zip(experts, tokens_per_expert) if (layer, e) not in self.pinned]
+            policy = self.engine.costs.prefill_policy(layer, [e for e, _ in routed], [n for _, n in routed])
+            self.layer_streams = policy.policy != HOST
+        return DEVICE
+
+    layer_streams = False
 
     def streams_now(self) -> bool:
         if self.prefill == "host" or not self.streaming_room:
             return False
+        if self.prefill == "priced":
+            return self.layer_streams
         engine = self.engine
         return self.prefill == "stream" or self.forward_tokens >= stream_threshold(engine.num_experts, engine.top_k)
 
@@ -121,8 +137,13 @@ class HostExperts(Strategy):
         self.streams = self.host_calls = 0
 
     def metrics(self):
-        prefill = self.prefill if self.prefill != "auto" else (
-            f"auto: streamed from {stream_threshold(self.engine.num_experts, self.engine.top_k)} tokens"
-            if self.streaming_room else "auto: on the host (no room to stream)")
+        if not self.streaming_room and self.prefill in ("auto", "priced"):
+            prefill = f"{self.prefill}: on the host (no room to stream)"
+        elif self.prefill == "auto":
+            prefill = f"auto: streamed from {stream_threshold(self.engine.num_experts, self.engine.top_k)} tokens"
+        elif self.prefill == "priced":
+            prefill = "priced: per layer by the engine's prefill rule"
+        else:
+            prefill = self.prefill
         return {"prefill": prefill, "host_calls": self.host_calls, "streamed_experts": self.streams,
                 "host_threads": self.threads, "pinned_experts": len(self.pinned)}

@@ -19,7 +19,8 @@ class LRU(Strategy):
     """
 
     name = "lru"
-    version = "1"
+    version = "2"  # 2: a prompt's layers placed by the engine's per-layer prefill policy
+    prefill_default = "fetch"
     description = "per-layer LRU expert cache (mixtral-offloading; swap=true: its released code's swap copies)"
 
     @classmethod

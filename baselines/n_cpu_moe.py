@@ -76,7 +76,7 @@ class NCpuMoe(HostExperts):
             self.real_host_layers = int(n)
         self.resident_experts = self.resident_experts_for(engine, self.real_host_layers)
         if (self.real_host_layers == real and n == "fit" and budget_bytes < self.stream_slots_bytes(engine)
-                and self.prefill == "auto"):
+                and self.prefill in ("auto", "priced")):
             self.prefill = "host"
 
     def planned_pins(self, engine) -> set:

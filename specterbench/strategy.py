@@ -43,9 +43,9 @@ Driving decoding (speculative strategies override :meth:`generate`): ``engine.fo
 
 Decision points, in the order the engine calls them:
 ``attach`` (once per benchmark cell) → ``prepare`` → (warm-up request, then ``on_warmup_end``) → per request
-``on_request_start`` → per forward ``on_step_start`` → per MoE layer ``before_layer`` → ``on_miss`` for each
-expert not cached → ``place_miss`` → ``choose_victim`` when room is needed → ``after_layer`` → ``on_step_end``;
-``on_copy_landed`` at the next layer boundary after a copy lands.
+``on_request_start`` → per forward ``on_step_start`` → per MoE layer ``before_layer`` → ``prefill_layer`` in a
+prefill → ``on_miss`` for each expert not cached → ``place_miss`` → ``choose_victim`` when room is needed →
+``after_layer`` → ``on_step_end``; ``on_copy_landed`` at the next layer boundary after a copy lands.
 
 Batched steps (``--batch B``): B requests of one prompt length decode together, one forward per step
 (:mod:`specterbench.engine.batch`). ``engine.batch`` is B during such a step; ``on_request_start`` is called for each
@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, ClassVar, Sequence
 from specterbench.engine.batch import decode_batch
 from specterbench.engine.cache import FETCH, ON_HOST, SUBSTITUTE, ExpertKey, PrefetchResult
 from specterbench.engine.numerics import NumericsGuide
+from specterbench.engine.prefill import DEVICE, HOST, STREAM
 from specterbench.engine.sampling import GREEDY, DecodeSetting, TokenSampler
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 from specterbench.errors import BudgetError, UsageError
@@ -228,6 +229,22 @@ class Strategy:
     def on_miss(self, key: ExpertKey) -> None:
         pass
 
+    #: set: :meth:`prefill_layer` takes the engine's default policy (the MoE-aware threshold) in a prefill —
+    #: ``"fetch"`` for a strategy whose ``place_miss`` fetches, ``"hybrid"`` for one that places misses by
+    #: ``engine.costs.host_or_fetch`` (then DEVICE is priced as host and link side by side)
+    prefill_default: ClassVar[str | None] = None
+
+    def prefill_layer(self, layer: int, experts: Sequence[int], tokens_per_expert: Sequence[int]) -> str:
+        """A request's prefill (its first target forward, more than one token): where this MoE layer's missing
+        experts run — :data:`DEVICE` (each miss placed by :meth:`place_miss`; the default), :data:`STREAM` (copied
+        through the cache's free bytes, never evicting, dropped after the layer) or :data:`HOST`
+        (:mod:`specterbench.engine.prefill`). With ``prefill_default`` set, the engine's MoE-aware threshold
+        (``engine.costs.prefill_policy``) decides."""
+        if self.prefill_default:
+            return self.engine.costs.prefill_policy(layer, experts, tokens_per_expert,
+                                                    hybrid=self.prefill_default == "hybrid").policy
+        return DEVICE
+
     def place_miss(self, key: ExpertKey, n_tokens: int) -> str:
         """Where an expert that is not cached runs for the ``n_tokens`` routed to it: :data:`FETCH` (default),
         :data:`ON_HOST` or :data:`SUBSTITUTE` (then :meth:`substitute` supplies the weights)."""
@@ -274,6 +291,7 @@ class Strategy:
 
 
 __all__ = [
-    "DEMAND_PRIORITY", "FETCH", "ON_HOST", "SUBSTITUTE", "BudgetError", "DecodeSetting", "ExpertKey",
+    "DEMAND_PRIORITY", "DEVICE", "FETCH", "HOST", "STREAM", "ON_HOST", "SUBSTITUTE", "BudgetError",
+    "DecodeSetting", "ExpertKey",
     "PrefetchResult", "Request", "RoutingCalibration", "Strategy", "TokenSampler", "UsageError",
 ]

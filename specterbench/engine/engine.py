@@ -32,6 +32,7 @@ from specterbench.engine.kernels import DEFAULT_KERNELS
 from specterbench.engine.launch_count import count_model_launches
 from specterbench.engine.pool import SlotPool
 from specterbench.engine.precision import BF16
+from specterbench.engine.prefill import DEVICE, POLICIES, drop_streamed
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
 from specterbench.engine.seam import OffloadedExperts, find_moe_blocks, router_of
@@ -98,6 +99,8 @@ class Engine(CacheControl, CellSetup):
         self._pending: set = set()
         self._routed_guard = False
         self._mark = (0.0, 0.0, 0.0)
+        self.prefilling = False  # True from begin_request until the request's first target forward has run
+        self.streamed: list = []  # the running layer's experts staged by a STREAM prefill policy (dropped after it)
         self.context_tokens = 0  # the request's leading prompt positions prefilled outside its timing (--depth)
         self.graphs = GraphController(self)  # CUDA graphs of the MoE layers' static pieces (--cuda-graphs)
         self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
@@ -169,8 +172,13 @@ class Engine(CacheControl, CellSetup):
         """
         D = self.context_tokens
         if D and 0 < D < input_ids.shape[1] and input_ids.shape[0] == 1 and kv.get_seq_length() == 0:
-            return self._after_context(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)
-        return self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
+            logits = self._after_context(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)
+            self.prefilling = self.prefilling and experts is not None
+            return logits
+        logits = self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
+        if experts is None:
+            self.prefilling = False
+        return logits
 
     def _after_context(self, input_ids: torch.Tensor, kv, **kw) -> torch.Tensor:
         """A request's first forward over its context and prompt (``request.context_tokens`` > 0, ``--depth``): the
@@ -225,6 +233,7 @@ class Engine(CacheControl, CellSetup):
         self.clock.settle()
         self.samples = []
         self.context_tokens = int(getattr(request, "context_tokens", 0) or 0)
+        self.prefilling = True
         self.clock.sync()
         self._mark = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self.strategy.on_request_start(request)
@@ -308,13 +317,21 @@ class Engine(CacheControl, CellSetup):
             self.strategy.before_layer(layer, groups.experts, groups.tokens_per_expert)
             outputs: dict = {}
             self.host_placed_s = 0.0
-            elsewhere = moe_layer.place(self, layer, groups)
+            policy = DEVICE
+            if self.prefilling and T > 1:
+                policy = self.strategy.prefill_layer(layer, groups.experts, groups.tokens_per_expert)
+                if policy not in POLICIES:
+                    raise EngineViolation(f"strategy {self.strategy.name!r} chose prefill policy {policy!r} for "
+                                          f"layer {layer}; use one of {', '.join(POLICIES)}")
+            elsewhere = moe_layer.place(self, layer, groups, policy)
         finally:
             self._routed_guard = False
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
         on_device = moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
         moe_layer.join_host(self, jobs, hidden, outputs)
         out = moe_layer.combine(hidden, groups, on_device, outputs)
+        if self.streamed:
+            drop_streamed(self)
         self.strategy.after_layer(layer, groups.experts)
         self._pending = set()
         return out

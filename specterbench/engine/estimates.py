@@ -32,6 +32,9 @@ call                                   meaning
 ``host_or_fetch(n_tokens)``            the hybrid rule: ``ON_HOST`` when the host, behind its queue, hands the expert
                                        back before a demand copy issued now lands and computes, else ``FETCH``;
                                        both times beside it (``host_queue_s=``, ``priority=`` vary the two queues)
+``prefill_policy(layer, experts, n, hybrid=False)``  the per-layer prefill policy by the MoE-aware threshold
+                                       (:func:`specterbench.engine.prefill.layer_policy`: HOST, STREAM or DEVICE
+                                       and the modeled host and copy finish times beside it)
 ``until_layer_s(layer)``               until the experts of MoE ``layer`` of the current forward are needed,
                                        assuming every expert in between hits (the layer itself included when it
                                        is the current one: 0.0); a ``layer`` already passed means the next forward
@@ -48,6 +51,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 from specterbench.engine.cache import FETCH, ON_HOST
 from specterbench.engine.costs import CostModel
 from specterbench.engine.lowbit import LowBitKernel
+from specterbench.engine.prefill import LayerPolicy, layer_policy
 from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -132,6 +136,12 @@ class CostEstimates:
         host = queue + self.host_expert_s(n_tokens)
         fetch = self.copy_arrival_s(priority) + self.expert_in_layer_s(n_tokens)
         return HostOrFetch(ON_HOST if host < fetch else FETCH, host, fetch)
+
+    def prefill_policy(self, layer: int, experts: Sequence[int], tokens_per_expert: Sequence[int],
+                       hybrid: bool = False) -> LayerPolicy:
+        """The default prefill policy of MoE ``layer`` for the running forward (see :mod:`~.prefill`); ``hybrid``:
+        DEVICE's misses are placed by the hybrid rule (priced as host and link side by side)."""
+        return layer_policy(self._engine, layer, experts, tokens_per_expert, hybrid)
 
     def link_backlog_s(self, priority: float | None = None) -> float:
         return self._engine.clock.link_backlog_s(priority)

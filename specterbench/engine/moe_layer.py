@@ -27,6 +27,7 @@ from specterbench.engine.cache import FETCH, ON_HOST, SUBSTITUTE, ExpertKey, Slo
 from specterbench.engine.kernels import LaunchCounter, section
 from specterbench.engine.packing import PackedWeight
 from specterbench.engine.pool import SlotPool
+from specterbench.engine.prefill import DEVICE, STREAM
 from specterbench.engine.routing import TokenGroups, group_tokens
 from specterbench.engine.scheduler import DEMAND_PRIORITY, CopyScheduler
 from specterbench.errors import BudgetError, EngineViolation
@@ -140,9 +141,11 @@ def grouped_experts(pool: SlotPool, layer: int, act_fn, hidden, top_k_index, top
     return rows
 
 
-def place(engine: "Engine", layer: int, groups: TokenGroups) -> dict[ExpertKey, str]:
+def place(engine: "Engine", layer: int, groups: TokenGroups, policy: str = DEVICE) -> dict[ExpertKey, str]:
     """Phase 1: count hits and misses, ask the strategy where each miss runs, queue demand fetches. Returns the
-    misses that run off the device (host or substitute)."""
+    misses that run off the device (host or substitute). A prefill ``policy`` (:mod:`specterbench.engine.prefill`)
+    other than DEVICE places every miss itself: HOST on the host, STREAM copied into free bytes (the host where
+    none are left)."""
     strategy, cache, stats = engine.strategy, engine.cache, engine.stats
     pending = engine._pending
     elsewhere: dict[ExpertKey, str] = {}
@@ -155,7 +158,14 @@ def place(engine: "Engine", layer: int, groups: TokenGroups) -> dict[ExpertKey, 
         strategy.on_miss(key)
         if key in cache:
             continue
-        where = strategy.place_miss(key, n)
+        if policy == DEVICE:
+            where = strategy.place_miss(key, n)
+        elif policy == STREAM and cache.free_bytes >= engine.expert_bytes:
+            where = FETCH
+            engine.streamed.append(key)
+            stats.streamed_experts += 1
+        else:
+            where = ON_HOST
         if where == FETCH:
             engine._fetch(key, DEMAND_PRIORITY, prefetched=False, protect=pending)
         elif where in (ON_HOST, SUBSTITUTE):

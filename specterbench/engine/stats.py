@@ -21,6 +21,7 @@ class EngineStats:
     prefetch_bytes: int = 0
     expert_computes: int = 0
     host_experts: int = 0  # misses computed on the host CPU
+    streamed_experts: int = 0  # prefill misses copied through the staging area (STREAM) and dropped after
     activation_bytes: int = 0  # activations sent to and back from the host for those (both directions)
     substituted: int = 0  # misses computed with a strategy's substitute (lossy)
     host_expert_tokens: int = 0  # tokens those host experts computed (each token of each host expert once)

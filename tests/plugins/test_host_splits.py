@@ -49,6 +49,19 @@ def test_a_streamed_prefill_copies_host_experts_and_drops_them_before_decode(hos
     assert row.h2d_bytes_per_token > 0 and row.decode_h2d_bytes_per_token == 0  # decode copied nothing
 
 
+def test_a_priced_prefill_streams_only_the_layers_the_rule_prices_sooner_copied(host, small_prompts, tmp_path):
+    (own,) = run(host, small_prompts, tmp_path / "own", "n-cpu-moe", budgets=("100%",),
+                 options={"n": 1, "prefill": "priced"})
+    (mixtral,) = run(host, small_prompts, tmp_path / "mixtral", "n-cpu-moe", budgets=("100%",),
+                     options={"n": 16, "prefill": "priced"}, geometry="mixtral")  # 16 of 32 real layers
+    for row in (own, mixtral):
+        assert row.status == "ok" and row.lossless and row.decode_h2d_bytes_per_token == 0
+        assert row.extra["prefill"] == "priced: per layer by the engine's prefill rule"
+    # the stand-in's tiny experts copy sooner than the host computes them; Mixtral's 352 MB experts over a short
+    # prompt's few tokens each do not
+    assert own.extra["streamed_experts"] > 0 and mixtral.extra["streamed_experts"] == 0
+
+
 @pytest.mark.parametrize("placement", ["frequency", "uniform", "front-loading"])
 def test_the_hybrid_pins_gpu_experts_by_its_placement_and_runs_the_rest_on_the_host(host, small_prompts, tmp_path,
                                                                                      placement):

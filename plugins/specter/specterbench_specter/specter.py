@@ -26,7 +26,7 @@ import statistics
 
 from specterbench.engine.quant_spec import QuantSpec
 from specterbench.errors import UsageError
-from specterbench.strategy import FETCH, ON_HOST
+from specterbench.strategy import DEVICE, FETCH, ON_HOST
 
 from .decoding import MAX_K, SpeculativeDecoding
 from .eviction import CacheOrder
@@ -58,7 +58,10 @@ def parse_specter_k(value):
 
 class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
     name = "specter"
-    version = "5"  # 5: no plan at a cache of ≤ top-k slots; 4: int4 draft default, noise-aware release, transients only
+    prefill_default = "hybrid"  # a prompt's layers placed by the engine's per-layer prefill policy
+    # 6: per-layer prefill policy; 5: no plan at a cache of ≤ top-k slots; 4: int4 draft default, noise-aware
+    # release, transients only
+    version = "6"
     description = ("speculative offloading: low-bit self-draft runs K ahead (K chosen per window by a cost "
                    "governor, 0..32), its routing plans the prefetch, misses run on the host when faster")
     # the draft's routed experts at 4 bits, group 128, on torch's int4 kernel; where the budget cannot hold that
@@ -264,6 +267,13 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         super().after_layer(layer, experts)
         if self.verifying and self.plan == "rolling" and layer + 1 < self.engine.num_layers:
             self.planner.issue(None, from_layer=layer + 1)  # the passed layers' slots serve the layers ahead
+
+    def prefill_layer(self, layer, experts, tokens_per_expert):
+        """The engine's per-layer prefill policy, DEVICE priced as the hybrid rule's split; with the host path off
+        (``host=off`` or no host profile) every miss is fetched as before."""
+        if not self.host_path:
+            return DEVICE
+        return super().prefill_layer(layer, experts, tokens_per_expert)
 
     def place_miss(self, key, n_tokens):
         """Hybrid verification: the host when it is predicted to finish first, its own queue counted."""
