@@ -328,6 +328,7 @@ class Runner:
             engine.configure(strategy, nbytes - kv_charged, make_clock(cfg, self.host, engine, self._host_pool))
             engine.setup_graphs(cfg.cuda_graphs)
             row.strategy_device_bytes = strategy.device_bytes(engine)
+            engine.cell_batch = batch  # a strategy that calibrates itself in prepare does so at the cell's batch
             strategy.prepare(engine, calibration if cls.uses_calibration else None)
 
             layers = int(engine.model.config.num_hidden_layers)

@@ -91,6 +91,7 @@ class Engine(CacheControl, CellSetup):
         self.forward_tokens = 1  # tokens of the forward being run (1 while decoding; K+1 when verifying; B·T in a
         # batched step)
         self.batch = 1  # requests decoding together in this forward (engine.batch: a batched step's B)
+        self.cell_batch = 1  # requests the cell's measured batches decode together (set before the strategy's prepare)
         self.context_len = 1  # positions the forward attends to, its own included
         self._host_threads: int | None = None
         self.pageable_copies = self.swap_copies = False  # the copy path (configure resets it, a strategy picks it)

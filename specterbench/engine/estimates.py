@@ -94,9 +94,15 @@ class CostEstimates:
         return self.model.op_seconds(*self.model.experts_fused(tokens_per_expert, bytes_ratio, kernel))
 
     def layer_s(self, n_tokens: int, moe: bool = True, bytes_ratio: float | None = None,
-                kernel: LowBitKernel | None = None) -> float:
+                kernel: LowBitKernel | None = None, requests: int = 1) -> float:
+        """One decoder layer's dense part over ``n_tokens`` (of ``requests`` requests of a batched step, each
+        attending to its own KV at the present context)."""
         ratio, kernel = self._dense(bytes_ratio, kernel)
-        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, ratio, kernel))
+        if requests == 1:
+            return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, ratio,
+                                                                 kernel))
+        return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, ratio, kernel,
+                                                             requests=requests))
 
     def head_s(self, rows: int = 1, bytes_ratio: float | None = None, kernel: LowBitKernel | None = None) -> float:
         ratio, kernel = self._dense(bytes_ratio, kernel)

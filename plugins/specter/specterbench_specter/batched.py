@@ -42,6 +42,7 @@ class BatchedWindows:
     ``after_draft_step``, ``before_verify``, ``accept``, ``end_window``), for ``generate_batch``."""
 
     max_batch = None
+    batch_window_tokens = 0
 
     def reset_batch_metrics(self) -> None:
         self.batch_positions = self.batch_reverified = self.batch_filler = self.batch_finished = 0
@@ -117,6 +118,7 @@ class BatchedWindows:
             self._count(requests[b].id, live[b], T, p, made[b], min(a, made[b]))
         engine.rollback(kv, min(L + p + len(new) - 1 for p, new in zip(pending, news)))
         emitted = self._keep(engine, seqs, outs, news, n_new)
+        self.batch_window_tokens = sum(emitted)  # every request's tokens of this window
         self.end_window(k, statistics.mean(n for n, on in zip(emitted, live) if on), engine.clock.now() - w0)
 
     def _count(self, rid: str, live: bool, T: int, p: int, made: int, accepted: int) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 
 class DraftFloor:
     """Mixed into :class:`~.specter.Specter`: needs ``engine``, ``governor``, ``calibration``, ``slots``, ``k``,
@@ -70,9 +72,28 @@ class DraftFloor:
         total = sum(counts) or 1
         e = self.engine
         slots = (e.cache.capacity_bytes + self.draft_bytes(e)) // e.expert_bytes
+        if self.governor.batch > 1:
+            uncovered, union = self.batch_cover(max(0, slots - e.top_k), self.governor.batch)
+            self.plain_forecast_ms = self.governor.plain_step_s(costs, uncovered, union) * 1e3
+            return self.plain_forecast_ms / 1e3
         covered = sum(counts[:max(0, slots - e.top_k)])
         self.plain_forecast_ms = self.governor.plain_step_s(costs, 1 - covered / total) * 1e3
         return self.plain_forecast_ms / 1e3
+
+    def batch_cover(self, residents: int, batch: int) -> tuple[float, float]:
+        """A plain step of ``batch`` tokens over the calibration's ``residents`` most popular experts: (share of
+        each layer's needed experts not resident, experts a layer needs). An expert routed a share ``π`` of a layer's
+        tokens (its count over the layer's routings, times top-k) is needed by ``batch`` independent tokens with
+        probability ``1 − (1 − π)^batch``."""
+        counts = self.calibration.counts.double()  # [layers, experts]
+        top_k = self.engine.top_k
+        share = (counts * top_k / counts.sum(1, keepdim=True).clamp(min=1)).clamp(max=1.0)
+        needed = 1 - (1 - share) ** batch
+        order = torch.argsort(counts.flatten(), descending=True, stable=True)[:residents]
+        resident = torch.zeros(counts.numel(), dtype=torch.bool)
+        resident[order] = True
+        missing = needed.flatten()[~resident].sum()
+        return float(missing / needed.sum().clamp(min=1e-12)), float(needed.sum(1).mean())
 
     def release_draft(self) -> None:
         """Drop the draft (``engine.release_device_bytes``): its bytes become cache, filled with the next most

@@ -17,12 +17,28 @@ of a copy and a host computation; what remains is corrected per depth by the rea
 (recent windows weigh most; between depths taken, interpolated), and the calibration prompts, decoded as the
 benchmark will be, take every depth once before the benchmark starts. All times are seconds; every forecast and
 the realised time of the window taken are recorded.
+
+Several requests verified together (``batch`` B > 1, :mod:`.batched`): the window's draft runs K batched steps of B
+tokens, its verification computes B·(K + 1) positions (dense layers and head over all of them; per MoE layer the
+union of the experts routed by all B·(K + 1) tokens, so ``union(B·(K + 1))``, and the misses are priced on that
+union), and the cache advances in lock step at the batch's shortest acceptance, so the window emits
+
+    tokens(K, B) = B · (1 + E[min over the B requests' accepted runs])
+                 = B · (1 + Σ_j P(run ≥ j)^B)
+
+— the B requests' runs taken as independent draws from the one run-length distribution observed (the same draft
+over different texts; correlated runs would make the minimum larger, so the forecast errs towards plain decoding).
+A request's tokens accepted past the shortest run are kept and verified again in its next window; they are not
+counted here. What is fitted to realised windows (the draft step's seconds, the union's growth γ, the cache's hit
+share, the plan's recall, the seconds per miss and the realised/modelled ratio per depth) is kept per batch size:
+a batch of B is forecast only from windows of B requests (its seed included) and the priors; the run-length
+distribution is shared, since it is each request's own.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 K_CHOICES = tuple(range(0, 33, 2))  # 0, 2, …, 32
 HAZARD_PRIOR = 8.0  # windows' worth of the geometric hazard in each depth's pooled hazard (a few lucky deep windows
@@ -52,6 +68,22 @@ class Shape:
     slots: int  # expert slots of the whole cache
 
 
+@dataclass(slots=True)
+class BatchFit:
+    """What the governor fits to the windows of one batch size (see the module)."""
+
+    gamma_sum: float
+    gamma_n: float = 1.0
+    hit_sum: float = 0.5  # share of a layer's needed experts cached at the window start
+    hit_n: float = 1.0
+    recall_sum: float = 0.8  # share of the uncached needed experts the plan predicted
+    recall_n: float = 1.0
+    draft_step_s: float | None = None
+    miss_xy: float = 0.0  # least squares of residual seconds on misses
+    miss_xx: float = 0.0
+    ratio: dict = field(default_factory=dict)  # K -> (Σ realised s, Σ model s): the model's bias at K
+
+
 class Governor:
     """Online statistics and the forecast; :meth:`choose` is the argmin over the allowed depths."""
 
@@ -64,15 +96,28 @@ class Governor:
         # accepted run lengths (Kaplan-Meier): draft tokens reaching position j, and rejected at j (j = 1..32)
         self.at_risk = [0.0] * (max(self.choices) + 2)
         self.failed = [0.0] * (max(self.choices) + 2)
-        self.gamma_sum, self.gamma_n = prior_gamma, 1.0
-        self.hit_sum, self.hit_n = 0.5, 1.0  # share of a layer's needed experts cached at the window start
-        self.recall_sum, self.recall_n = 0.8, 1.0  # share of the uncached needed experts the plan predicted
-        self.draft_step_s: float | None = None
-        self.miss_xy, self.miss_xx = 0.0, 0.0  # least squares of residual seconds on misses
+        self.prior_gamma = prior_gamma
+        self.batch = 1  # requests verified together in the windows forecast and observed now (set by the strategy)
+        self.fits: dict[int, BatchFit] = {}  # batch size -> what its windows fitted
         self.prior_miss_s = 0.0
         self.plan_slots: int | None = None  # slots the plan may copy into (its transients' room); None: the cache
         self.log: list[tuple[int, float, float]] = []  # (K, predicted s, realised s) per window taken
-        self.ratio: dict[int, tuple[float, float]] = {}  # K -> (Σ realised s, Σ model s): the model's bias at K
+
+    @property
+    def fit(self) -> BatchFit:
+        """The fit of the present batch size (the priors until its first window)."""
+        fit = self.fits.get(self.batch)
+        if fit is None:
+            fit = self.fits[self.batch] = BatchFit(self.prior_gamma)
+        return fit
+
+    @property
+    def draft_step_s(self) -> float | None:
+        return self.fit.draft_step_s
+
+    @property
+    def ratio(self) -> dict:
+        return self.fit.ratio
 
     # ---- observations ------------------------------------------------------------------------------
     @property
@@ -83,7 +128,7 @@ class Governor:
 
     @property
     def gamma(self) -> float:
-        return self.gamma_sum / self.gamma_n
+        return self.fit.gamma_sum / self.fit.gamma_n
 
     def observe_acceptance(self, proposed: int, accepted: int) -> None:
         self.accepted += accepted
@@ -93,11 +138,12 @@ class Governor:
         if accepted < proposed:
             self.failed[accepted + 1] += 1
 
-    def expected_tokens(self, k: int) -> float:
-        """Tokens a window of depth ``k`` emits: 1 + Σ_j P(the first j proposals are accepted), each
+    def expected_tokens(self, k: int, batch: int = 1) -> float:
+        """Tokens a window of depth ``k`` emits per request: 1 + Σ_j P(the first j proposals are accepted), each
         position's rejection hazard from the run lengths observed (Kaplan-Meier), shrunk towards the geometric
         estimate where few windows reached it. Speculative acceptance is bursty: the geometric model alone
-        undervalues deep windows."""
+        undervalues deep windows. With ``batch`` B > 1 the lock step's: 1 + E[min of B runs] = 1 + Σ_j P(run ≥ j)^B,
+        the B runs independent draws of that distribution."""
         weight, deepest = 2.0, max((j for j, n in enumerate(self.at_risk) if n > 0), default=0)
         survive, tokens = 1.0, 1.0
         for j in range(1, k + 1):
@@ -107,38 +153,41 @@ class Governor:
             prior_hazard = (fail + HAZARD_PRIOR * geometric) / (risk + HAZARD_PRIOR) if deepest else geometric
             hazard = (self.failed[j] + weight * prior_hazard) / (self.at_risk[j] + weight)
             survive *= 1 - hazard
-            tokens += survive
+            tokens += survive ** batch
         return tokens
 
     def observe_draft_step(self, seconds: float) -> None:
-        d = self.draft_step_s
-        self.draft_step_s = seconds if d is None else 0.8 * d + 0.2 * seconds
+        fit = self.fit
+        d = fit.draft_step_s
+        fit.draft_step_s = seconds if d is None else 0.8 * d + 0.2 * seconds
 
     def observe_layer(self, n_tokens: int, needed: int, cached_before: int, predicted_uncached: int) -> None:
         """One MoE layer of a verification (or plain step) over ``n_tokens``: how many experts it needed, how
-        many were cached before this window's plan, and how many of the others the plan had predicted."""
-        k = self.shape.top_k
+        many were cached before this window's plan, and how many of the others the plan had predicted. In a
+        batched window ``n_tokens`` counts every request's positions (B·T)."""
+        k, fit = self.shape.top_k, self.fit
         if n_tokens > 1 and needed > k:
-            self.gamma_sum += math.log(needed / k) / math.log(n_tokens)
-            self.gamma_n += 1
+            fit.gamma_sum += math.log(needed / k) / math.log(n_tokens)
+            fit.gamma_n += 1
         elif n_tokens > 1:
-            self.gamma_n += 1  # the tokens shared every expert: γ ≈ 0
+            fit.gamma_n += 1  # the tokens shared every expert: γ ≈ 0
         if needed:
-            self.hit_sum += cached_before / needed
-            self.hit_n += 1
+            fit.hit_sum += cached_before / needed
+            fit.hit_n += 1
             if needed > cached_before and n_tokens > 1:  # a verification: the plan had its say
-                self.recall_sum += predicted_uncached / (needed - cached_before)
-                self.recall_n += 1
+                fit.recall_sum += predicted_uncached / (needed - cached_before)
+                fit.recall_n += 1
 
     def observe_window(self, forecast: WindowForecast, realised_s: float, misses: int) -> None:
         """The realised time of a window taken; fits ``miss_s`` on what draft and compute do not explain."""
+        fit = self.fit
         model_s = forecast.window_s / self.bias(forecast.k)
         explained = model_s - forecast.misses * self.miss_s()
-        self.miss_xy += misses * (realised_s - explained)
-        self.miss_xx += misses * misses
-        real, pred = self.ratio.get(forecast.k, (0.0, 0.0))
+        fit.miss_xy += misses * (realised_s - explained)
+        fit.miss_xx += misses * misses
+        real, pred = fit.ratio.get(forecast.k, (0.0, 0.0))
         keep = RATIO_MEMORY  # older windows fade: the first forecasts were made before miss_s was fitted
-        self.ratio[forecast.k] = (keep * real + realised_s, keep * pred + model_s)
+        fit.ratio[forecast.k] = (keep * real + realised_s, keep * pred + model_s)
         self.log.append((forecast.k, forecast.window_s, realised_s))
 
     def _ratio_at(self, d: int) -> float:
@@ -161,9 +210,10 @@ class Governor:
         return (1 - w) * self._ratio_at(below) + w * self._ratio_at(above)
 
     def miss_s(self) -> float:
-        if self.miss_xx < 4.0:  # too few misses seen to trust the fit
+        fit = self.fit
+        if fit.miss_xx < 4.0:  # too few misses seen to trust the fit
             return self.prior_miss_s
-        return max(0.0, self.miss_xy / self.miss_xx)
+        return max(0.0, fit.miss_xy / fit.miss_xx)
 
     # ---- the forecast ------------------------------------------------------------------------------
     def union(self, n_tokens: int) -> float:
@@ -171,12 +221,18 @@ class Governor:
         return min(float(s.experts), s.top_k * n_tokens ** self.gamma)
 
     def forecast(self, k: int, costs) -> WindowForecast:
-        """``costs``: a :class:`WindowCosts` (prices at the present context)."""
-        s, n = self.shape, k + 1
+        """``costs``: a :class:`WindowCosts` (prices at the present context). At ``batch`` B > 1: B·(K + 1)
+        verified positions, K draft steps of B tokens, B·(1 + E[min of B runs]) tokens (see the module)."""
+        s, b, fit = self.shape, self.batch, self.fit
+        n = b * (k + 1)
         u = self.union(n)
-        hit = self.hit_sum / self.hit_n
+        hit = fit.hit_sum / fit.hit_n
         uncached = u * (1 - hit)
-        draft_s = k * (self.draft_step_s if self.draft_step_s is not None else costs.draft_step_s())
+        if fit.draft_step_s is not None:
+            step_s = fit.draft_step_s
+        else:  # the prior: one draft forward over B tokens, its experts the union of theirs
+            step_s = costs.draft_step_s() if b == 1 else costs.draft_step_s(b, self.union(b))
+        draft_s = k * step_s
         planned = 0.0
         if k and self.plan:
             if self.plan_slots is None:
@@ -184,19 +240,24 @@ class Governor:
             else:  # the plan copies into transients' room only: the residents' slots are not its to fill
                 per_layer_room = self.plan_slots / s.moe_layers
             link_per_layer = draft_s / costs.copy_s() / s.moe_layers if costs.copy_s() > 0 else float("inf")
-            planned = min(uncached * self.recall_sum / self.recall_n, per_layer_room, link_per_layer)
+            planned = min(uncached * fit.recall_sum / fit.recall_n, per_layer_room, link_per_layer)
         misses = s.moe_layers * max(0.0, uncached - planned)
-        compute = costs.verify_s(n, u)
-        tokens = min(self.expected_tokens(k), costs.remaining)
+        compute = costs.verify_s(n, u) if b == 1 else costs.verify_s(n, u, requests=b)
+        tokens = min(self.expected_tokens(k, b), costs.remaining) * b
         return WindowForecast(k, (draft_s + compute + misses * self.miss_s()) * self.bias(k), tokens, misses)
 
-    def plain_step_s(self, costs, uncovered: float) -> float:
+    def plain_step_s(self, costs, uncovered: float, union: float | None = None) -> float:
         """Seconds per token of plain decoding (one token per forward, no draft) over a cache that misses a share
         ``uncovered`` of the routed experts — what dropping the draft would give. Priced by the cost model, not by
         the windows' fitted miss cost (a window's misses queue behind each other; a plain step's few do not): per
         layer, ``j`` of the ``top_k`` experts miss with binomial probability; the device computes the ``k - j``
         cached ones while the ``j`` misses are split between the host and the link (a fetched one then computed on
-        the device), and the layer takes as long as the slowest of the three."""
+        the device), and the layer takes as long as the slowest of the three.
+
+        At ``batch`` B > 1: one step of B tokens gives B tokens; each layer needs ``union`` experts (default:
+        ``union(B)``), each over its share of the B·top_k routings, ``uncovered`` the share of those missing."""
+        if self.batch > 1:
+            return self._plain_batch_step_s(costs, uncovered, union)
         k, q = self.shape.top_k, min(1.0, max(0.0, uncovered))
         host, fetch, device = costs.host_miss_s(), costs.fetch_miss_s(), costs.device_expert_s()
         expected = 0.0
@@ -204,6 +265,18 @@ class Governor:
             split = min(max(p * fetch, (j - p) * host, (k - j) * device) for p in range(j + 1))
             expected += math.comb(k, j) * q ** j * (1 - q) ** (k - j) * split
         return costs.verify_s(1, 0.0) + self.shape.moe_layers * expected
+
+    def _plain_batch_step_s(self, costs, uncovered: float, union: float | None) -> float:
+        b, s = self.batch, self.shape
+        m = max(1, min(s.experts, round(self.union(b) if union is None else union)))
+        t = max(1, round(b * s.top_k / m))  # tokens per needed expert
+        q = min(1.0, max(0.0, uncovered))
+        host, fetch, device = costs.host_miss_s(t), costs.fetch_miss_s(t), costs.device_expert_s(t)
+        expected = 0.0
+        for j in range(m + 1):
+            split = min(max(p * fetch, (j - p) * host, (m - j) * device) for p in range(j + 1))
+            expected += math.comb(m, j) * q ** j * (1 - q) ** (m - j) * split
+        return (costs.verify_s(b, 0.0, requests=b) + s.moe_layers * expected) / b
 
     def choose(self, remaining: int, costs) -> tuple[WindowForecast, list[WindowForecast]]:
         """The cheapest forecast per emitted token among depths that do not overshoot ``remaining`` tokens (K=0
@@ -228,34 +301,49 @@ class WindowCosts:
     def copy_s(self) -> float:
         return self.costs.copy_s()
 
-    def draft_step_s(self) -> float:
+    def draft_step_s(self, requests: int = 1, union: float | None = None) -> float:
+        """One draft forward; ``requests`` > 1: a batched one over one token of each, its low-bit experts the
+        ``union`` of theirs per layer, each over its share of the routings."""
         c, e = self.costs, self.engine
         d = self.dense_ratio
         dk = self.dense_kernel
-        layer = c.layer_s(1, bytes_ratio=d, kernel=dk) + self.draft.fused_s([1] * e.top_k)  # as charged
-        return (self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d, kernel=dk) + e.num_layers * layer
-                + c.head_s(1, d, dk))
+        if requests == 1:
+            layer = c.layer_s(1, bytes_ratio=d, kernel=dk) + self.draft.fused_s([1] * e.top_k)  # as charged
+            return (self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d, kernel=dk) + e.num_layers * layer
+                    + c.head_s(1, d, dk))
+        b, m = requests, max(1, round(union or e.top_k))
+        per_expert = max(1, round(b * e.top_k / m))
+        layer = (c.layer_s(b, bytes_ratio=d, kernel=dk, requests=b)
+                 + self.draft.fused_s([per_expert] * m))
+        return (self.dense_layers * c.layer_s(b, moe=False, bytes_ratio=d, kernel=dk, requests=b)
+                + e.num_layers * layer + c.head_s(b, d, dk))
 
-    def verify_s(self, n_tokens: int, union: float) -> float:
+    def verify_s(self, n_tokens: int, union: float, requests: int = 1) -> float:
+        """One verification over ``n_tokens`` positions (of ``requests`` requests, each attending to its own KV)
+        with ``union`` experts per MoE layer in one grouped op."""
         c, e = self.costs, self.engine
         per_expert = max(1, round(n_tokens * e.top_k / max(union, 1.0)))
-        layer = c.layer_s(n_tokens) + c.experts_grouped_s([per_expert] * max(1, round(union)))  # one grouped op
-        return self.dense_layers * c.layer_s(n_tokens, moe=False) + e.num_layers * layer + c.head_s(n_tokens)
+        if requests == 1:
+            layer = c.layer_s(n_tokens) + c.experts_grouped_s([per_expert] * max(1, round(union)))  # one grouped op
+            return self.dense_layers * c.layer_s(n_tokens, moe=False) + e.num_layers * layer + c.head_s(n_tokens)
+        layer = c.layer_s(n_tokens, requests=requests) + c.experts_grouped_s([per_expert] * max(1, round(union)))
+        return (self.dense_layers * c.layer_s(n_tokens, moe=False, requests=requests) + e.num_layers * layer
+                + c.head_s(n_tokens))
 
-    def host_miss_s(self) -> float:
-        """One missed expert of a plain step on the host, the link idle as it mostly is in plain decoding (inf
-        without a host path)."""
+    def host_miss_s(self, n_tokens: int = 1) -> float:
+        """One missed expert of a plain step on the host over ``n_tokens``, the link idle as it mostly is in plain
+        decoding (inf without a host path)."""
         if not self.host:
             return float("inf")
-        return self.costs.model.host_expert_seconds(1, self.engine.host_threads)
+        return self.costs.model.host_expert_seconds(n_tokens, self.engine.host_threads)
 
-    def device_expert_s(self) -> float:
-        """One cached expert computed on the device for one token."""
-        return self.costs.expert_in_layer_s(1)
+    def device_expert_s(self, n_tokens: int = 1) -> float:
+        """One cached expert computed on the device for ``n_tokens``."""
+        return self.costs.expert_in_layer_s(n_tokens)
 
-    def fetch_miss_s(self) -> float:
-        """One missed expert of a plain step fetched and computed on the device."""
-        return self.costs.copy_s() + self.costs.expert_in_layer_s(1)
+    def fetch_miss_s(self, n_tokens: int = 1) -> float:
+        """One missed expert of a plain step fetched and computed on the device over ``n_tokens``."""
+        return self.costs.copy_s() + self.costs.expert_in_layer_s(n_tokens)
 
     def prior_miss_s(self) -> float:
         copy = self.costs.copy_s()

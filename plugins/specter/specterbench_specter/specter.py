@@ -24,9 +24,10 @@ from __future__ import annotations
 import heapq
 import statistics
 
+from specterbench.engine.batch import begin_batch
 from specterbench.engine.quant_spec import QuantSpec
 from specterbench.errors import UsageError
-from specterbench.strategy import DEVICE, FETCH, ON_HOST
+from specterbench.strategy import DEVICE, FETCH, ON_HOST, Request
 
 from .decoding import MAX_K, SpeculativeDecoding
 from .eviction import CacheOrder
@@ -119,23 +120,59 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
 
     def prepare(self, engine, calibration=None):
         self.calibration = calibration
+        self.cell_batch = max(1, int(getattr(engine, "cell_batch", 1)))
         self.load_residents(engine, calibration)
         if self.k_option == "auto" and calibration is not None and calibration.prompts:
-            from specterbench.strategy import Request
-
             self.explore = list(EXPLORE_K)
             self.seeding, self.seed_windows = True, []
-            for i, ids in enumerate(calibration.prompts[:2]):  # until every listed depth has had its window
+            for i in range(2):  # until every listed depth has had its window
                 if not self.explore:
                     break
-                request = Request(f"governor-seed-{i}", ids, sum(EXPLORE_K) // 2 + 8, decode=calibration.decode)
-                engine.begin_request(request)
-                self.generate(engine, request)
+                self.seed(engine, calibration, i)
             self.explore, self.seeding = [], False
-            self.maybe_release_draft(engine, calibration)
+            self.governor.batch = self.cell_batch  # the floor decides at the batch the cell decodes
+            try:
+                self.maybe_release_draft(engine, calibration)
+            finally:
+                self.governor.batch = 1
         self.reset_metrics()
         self.predictions = []
         self.host_calls = self.fetch_calls = 0
+
+    cell_batch = 1  # requests the cell's measured batches decode together (``engine.cell_batch``)
+
+    def seed(self, engine, calibration, i: int) -> None:
+        """Seed window ``i``'s calibration decode at the cell's batch: one prompt at batch 1; at B > 1 the B longest
+        calibration prompts (each repeated where there are fewer), cut to the shortest of them, decoded in batched
+        windows, so the governor fits the batch's own windows (:class:`~.governor.BatchFit`)."""
+        tokens = sum(EXPLORE_K) // 2 + 8
+        if self.cell_batch == 1:
+            ids = calibration.prompts[i] if i < len(calibration.prompts) else None
+            if ids is None:
+                return
+            request = Request(f"governor-seed-{i}", ids, tokens, decode=calibration.decode)
+            engine.begin_request(request)
+            self.generate(engine, request)
+            return
+        longest = sorted(calibration.prompts, key=len, reverse=True)
+        prompts = [longest[j % len(longest)] for j in range(self.cell_batch)]
+        n = min(len(p) for p in prompts)
+        requests = [Request(f"governor-seed-{i}-{j}", tuple(p[:n]), tokens, decode=calibration.decode)
+                    for j, p in enumerate(prompts)]
+        begin_batch(engine, requests)
+        self.generate_batch(engine, requests)
+
+    def generate(self, engine, request):
+        self.governor.batch = 1
+        return super().generate(engine, request)
+
+    def generate_batch(self, engine, requests):
+        """Batched windows (:mod:`.batched`), forecast and fitted at their batch size."""
+        self.governor.batch = len(requests)
+        try:
+            return super().generate_batch(engine, requests)
+        finally:
+            self.governor.batch = 1
 
     def on_warmup_end(self):
         """The warm-up is over: the governor keeps what it learned; window, host and fetch counters restart."""
@@ -170,7 +207,9 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         if self.explore:  # seeding on a calibration prompt: take the listed depth, still forecast it
             k = min(self.explore.pop(0), remaining)
             best = next((f for f in forecasts if f.k == k), None) or self.governor.forecast(k, costs)
-        elif self.calibration_counts and remaining > 1:  # the floor: drop a draft that loses to plain decoding
+        elif self.calibration_counts and remaining > 1 and self.governor.batch == self.cell_batch:
+            # the floor: drop a draft that loses to plain decoding at the batch the cell decodes (not in a batch-1
+            # warm-up of a batched cell)
             spec = min((f.per_token_s for f in forecasts if f.k), default=float("inf"))
             self.spec_forecast_ms = spec * 1e3
             self.release_votes = (self.release_votes + 1 if self.draft_loses(spec, costs)
@@ -196,10 +235,15 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         if k and self.residents_cached:
             self.resident_use.append(self.residents_read / self.residents_cached)
         super().end_window(k, emitted, window_s)
+        batch = self.governor.batch
+        if batch > 1:  # the window's tokens over the batch, as the governor forecasts them
+            emitted = self.batch_window_tokens
         if k:
             for proposed, accepted in self.last_window:  # every request of a batched window
                 self.governor.observe_acceptance(proposed, accepted)
             if not self.explore and not self.seeding and not self.window_in_tail:  # a request's tail: K cut short
+                if batch != self.recent_batch:  # per-token times of another batch size do not compare
+                    self.recent_windows, self.recent_batch = [], batch
                 self.recent_windows = (self.recent_windows + [(window_s, emitted)])[-self.RECENT:]
             elif self.seeding:
                 self.seed_windows.append((k, window_s, emitted))
@@ -242,7 +286,7 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
                 self.residents_read += sum(1 for k in keys if k in self.window_residents)
             before = sum(1 for k in keys if k in cache and k not in issued)
             predicted = sum(1 for k in keys if k in issued)
-            n = self.window_k + 1
+            n = self.window_k + 1 if self.engine.batch == 1 else self.step_tokens  # a batched window: B·T
             self.governor.observe_layer(n, len(keys), before, predicted)
 
     def drop_late_copies(self, layer, experts, tokens_per_expert) -> None:
@@ -289,6 +333,7 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         return by_layer(self.planner.planned)
 
     residents_cached = 0
+    recent_batch = 1  # the batch size of the windows in ``recent_windows``
 
     def reset_metrics(self):
         super().reset_metrics()
