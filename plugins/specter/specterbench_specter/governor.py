@@ -21,15 +21,17 @@ the realised time of the window taken are recorded.
 Several requests verified together (``batch`` B > 1, :mod:`.batched`): the window's draft runs K batched steps of B
 tokens, its verification computes B·(K + 1) positions (dense layers and head over all of them; per MoE layer the
 union of the experts routed by all B·(K + 1) tokens, so ``union(B·(K + 1))``, and the misses are priced on that
-union), and the cache advances in lock step at the batch's shortest acceptance, so the window emits
+union), and the cache advances in lock step at the batch's shortest progress. Per request the window emits
+``tokens(K, B) / B`` = :meth:`Governor.lockstep_tokens`, the stationary advance of the shared cache:
 
-    tokens(K, B) = B · (1 + E[min over the B requests' accepted runs])
-                 = B · (1 + Σ_j P(run ≥ j)^B)
+    1 + E[min over the B requests' runs]  ≤  tokens(K, B) / B  ≤  1 + E[run]  (= tokens(K) at batch 1)
 
-— the B requests' runs taken as independent draws from the one run-length distribution observed (the same draft
-over different texts; correlated runs would make the minimum larger, so the forecast errs towards plain decoding).
-A request's tokens accepted past the shortest run are kept and verified again in its next window; they are not
-counted here. What is fitted to realised windows (the draft step's seconds, the union's growth γ, the cache's hit
+The lower bound is the lock step where every request starts level; a request's tokens accepted past the shortest
+run are kept (pending, verified again in its next window, which gives it that many fewer proposals), so the
+requests ahead start the next window ahead and the advance is simulated from the observed run-length distribution
+rather than taken at the bound. The B requests' runs are taken as independent draws of that one distribution (the
+same draft over different texts; runs that move together would make the shortest longer, so the forecast errs
+towards plain decoding). What is fitted to realised windows (the draft step's seconds, the union's growth γ, the hit
 share, the plan's recall, the seconds per miss and the realised/modelled ratio per depth) is kept per batch size:
 a batch of B is forecast only from windows of B requests (its seed included) and the priors; the run-length
 distribution is shared, since it is each request's own.
@@ -37,12 +39,15 @@ distribution is shared, since it is each request's own.
 
 from __future__ import annotations
 
+import bisect
 import math
+import random
 from dataclasses import dataclass, field
 
 K_CHOICES = tuple(range(0, 33, 2))  # 0, 2, …, 32
 HAZARD_PRIOR = 8.0  # windows' worth of the geometric hazard in each depth's pooled hazard (a few lucky deep windows
 # in the seed must not promise long runs: alone, they can nearly double the forecast tokens per window)
+LOCKSTEP_WINDOWS, LOCKSTEP_BURN, LOCKSTEP_SEED = 1024, 8, 0  # the lock step's simulated windows (see lockstep_tokens)
 RATIO_MEMORY = 0.85  # weight of a depth's earlier windows in its realised/modelled ratio at each new one
 
 
@@ -138,14 +143,12 @@ class Governor:
         if accepted < proposed:
             self.failed[accepted + 1] += 1
 
-    def expected_tokens(self, k: int, batch: int = 1) -> float:
-        """Tokens a window of depth ``k`` emits per request: 1 + Σ_j P(the first j proposals are accepted), each
-        position's rejection hazard from the run lengths observed (Kaplan-Meier), shrunk towards the geometric
-        estimate where few windows reached it. Speculative acceptance is bursty: the geometric model alone
-        undervalues deep windows. With ``batch`` B > 1 the lock step's: 1 + E[min of B runs] = 1 + Σ_j P(run ≥ j)^B,
-        the B runs independent draws of that distribution."""
+    def survival(self, k: int) -> list[float]:
+        """P(the first j proposals are accepted) for j = 1..k: each position's rejection hazard from the run lengths
+        observed (Kaplan-Meier), shrunk towards the geometric estimate where few windows reached it. Speculative
+        acceptance is bursty: the geometric model alone undervalues deep windows."""
         weight, deepest = 2.0, max((j for j, n in enumerate(self.at_risk) if n > 0), default=0)
-        survive, tokens = 1.0, 1.0
+        survive, out = 1.0, []
         for j in range(1, k + 1):
             lo = min(j, deepest)  # beyond what was seen: the hazard pooled over the deepest positions seen
             risk, fail = sum(self.at_risk[lo:deepest + 1]), sum(self.failed[lo:deepest + 1])
@@ -153,8 +156,39 @@ class Governor:
             prior_hazard = (fail + HAZARD_PRIOR * geometric) / (risk + HAZARD_PRIOR) if deepest else geometric
             hazard = (self.failed[j] + weight * prior_hazard) / (self.at_risk[j] + weight)
             survive *= 1 - hazard
-            tokens += survive ** batch
+            out.append(survive)
+        return out
+
+    def expected_tokens(self, k: int) -> float:
+        """Tokens a window of depth ``k`` emits at batch 1: 1 + Σ_j P(the first j proposals are accepted)."""
+        tokens = 1.0
+        for survive in self.survival(k):
+            tokens += survive
         return tokens
+
+    def shortest_run_tokens(self, k: int, batch: int) -> float:
+        """1 + E[min of ``batch`` runs] = 1 + Σ_j P(run ≥ j)^B, the runs independent draws of the observed
+        distribution: what the cache advances by in a window where every request starts level (its run alone)."""
+        return 1.0 + sum(survive ** batch for survive in self.survival(k))
+
+    def lockstep_tokens(self, k: int, batch: int) -> float:
+        """Tokens each request gains per window, in the long run, when ``batch`` requests verify windows of depth
+        ``k`` in lock step (:mod:`.batched`): the cache advances by the shortest progress, ``min_b(p_b + a_b)``,
+        where ``p_b`` is request b's pending tokens (1 plus what it accepted past the last window's shortest: kept,
+        verified again) and ``a_b ≤ K + 1 − p_b`` its accepted run over its fewer proposals. Between
+        :meth:`shortest_run_tokens` (every request level) and :meth:`expected_tokens` (batch 1). The B runs are
+        independent draws of the observed run-length distribution (different texts, one draft); the stationary
+        mean is simulated over ``LOCKSTEP_WINDOWS`` windows with fixed random numbers, so a forecast repeats."""
+        surv = [-s for s in self.survival(k)]  # ascending, for bisect: run ≥ j  ⇔  u < S(j)
+        rng = random.Random(LOCKSTEP_SEED)
+        lead, advanced = [0] * batch, 0
+        for w in range(LOCKSTEP_BURN + LOCKSTEP_WINDOWS):
+            progress = [1 + d + min(bisect.bisect_left(surv, -rng.random()), k - d) for d in lead]
+            step = min(progress)
+            lead = [p - step for p in progress]
+            if w >= LOCKSTEP_BURN:
+                advanced += step
+        return advanced / LOCKSTEP_WINDOWS
 
     def observe_draft_step(self, seconds: float) -> None:
         fit = self.fit
@@ -243,7 +277,8 @@ class Governor:
             planned = min(uncached * fit.recall_sum / fit.recall_n, per_layer_room, link_per_layer)
         misses = s.moe_layers * max(0.0, uncached - planned)
         compute = costs.verify_s(n, u) if b == 1 else costs.verify_s(n, u, requests=b)
-        tokens = min(self.expected_tokens(k, b), costs.remaining) * b
+        tokens = (min(self.expected_tokens(k), costs.remaining) if b == 1
+                  else min(self.lockstep_tokens(k, b), costs.remaining) * b)
         return WindowForecast(k, (draft_s + compute + misses * self.miss_s()) * self.bias(k), tokens, misses)
 
     def plain_step_s(self, costs, uncovered: float, union: float | None = None) -> float:

@@ -251,6 +251,8 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
             misses = self.engine.stats.misses - self.window_misses0
             self.governor.observe_window(self.forecast, window_s, misses)
             self.predictions.append((k, self.forecast.window_s, window_s))
+            if batch > 1 and not self.seeding:  # the lock step's tokens, forecast and realised
+                self.batch_tokens.append((self.forecast.tokens, emitted))
 
     # ---- the plan ----------------------------------------------------------------------------------
     def after_draft_step(self, step, routing, step_s):
@@ -338,6 +340,7 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
     def reset_metrics(self):
         super().reset_metrics()
         self.resident_use: list[float] = []
+        self.batch_tokens: list[tuple[float, int]] = []  # batched windows: (forecast tokens, tokens emitted)
 
     def metrics(self):
         m = super().metrics()
@@ -353,6 +356,9 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
                   "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
                   "governor_miss_ms": round(g.miss_s() * 1e3, 4)})
+        if self.batch_tokens:  # batched windows outside a batch's tail
+            m["batch_window_tokens_forecast_vs_realised"] = [round(sum(f for f, _ in self.batch_tokens), 2),
+                                                             sum(n for _, n in self.batch_tokens)]
         if self.predictions:
             pred = sum(p for _, p, _ in self.predictions)
             real = sum(r for _, _, r in self.predictions)

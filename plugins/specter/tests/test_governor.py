@@ -110,3 +110,81 @@ def test_the_plan_covers_only_the_room_it_may_fill():
     assert g.forecast(8, costs).misses == without
     g.plan_slots = 24
     assert g.forecast(8, costs).misses < without
+
+
+class BatchCosts(FlatCosts):
+    """FlatCosts that record the verifications priced; a batched draft step costs what a batch-1 one does (its
+    weights read once)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.verified = []
+
+    def draft_step_s(self, requests=1, union=None):
+        return self.draft
+
+    def verify_s(self, n_tokens, union, requests=1):
+        self.verified.append((n_tokens, union, requests))
+        return super().verify_s(n_tokens, union)
+
+
+def batch_governor(batch, **kw):
+    g = Governor(Shape(moe_layers=4, experts=8, top_k=2, slots=8), plan=False, **kw)
+    g.batch = batch
+    return g
+
+
+def test_a_batched_window_verifies_every_requests_positions_over_the_union_of_their_experts():
+    one, four = batch_governor(1), batch_governor(4)
+    c1, c4 = BatchCosts(), BatchCosts()
+    f1, f4 = one.forecast(4, c1), four.forecast(4, c4)
+    assert c1.verified == [(5, one.union(5), 1)]
+    assert c4.verified == [(20, four.union(20), 4)]  # B·(K + 1) positions of 4 requests
+    assert four.union(20) > one.union(5)
+    assert f4.misses > f1.misses  # the misses are priced on the larger union
+    assert f4.misses == pytest.approx(4 * four.union(20) * 0.5)  # every layer's union, half of it cached (prior)
+
+
+def test_the_lock_step_emits_fewer_tokens_per_request_than_batch_1_and_more_than_its_shortest_run():
+    g = batch_governor(1, prior_acceptance=0.85)
+    for run in [4, 4, 1, 3, 0, 4, 2, 4]:  # windows of K = 4: accepted runs observed
+        g.observe_acceptance(4, run)
+    alone = g.expected_tokens(4)
+    last = alone
+    for b in (2, 4, 16):
+        lock, shortest = g.lockstep_tokens(4, b), g.shortest_run_tokens(4, b)
+        assert 1.0 < shortest < lock < last  # more requests: a shorter shortest run, a slower lock step
+        last = lock
+        g.batch = b
+        assert g.forecast(4, BatchCosts()).tokens == pytest.approx(b * lock)  # every request's tokens
+    assert g.lockstep_tokens(4, 1) == pytest.approx(alone, rel=0.02)  # one request: the run itself (simulated)
+    assert g.shortest_run_tokens(4, 16) == pytest.approx(1 + sum(s ** 16 for s in g.survival(4)))
+
+
+def test_at_batch_16_the_governor_drafts_where_at_batch_1_plain_decoding_wins():
+    """Eight experts a layer, top-2: a plain step of 16 tokens already misses most of the layer, so a window's
+    verification costs little more than a plain step and serves several tokens a request. At batch 1 the draft's
+    steps cost more than the misses they save."""
+    costs = BatchCosts(copy_s=2e-3, draft_s=4e-3, token_s=1e-5)
+    best1, _ = batch_governor(1, prior_acceptance=0.7).choose(128, costs)
+    g = batch_governor(16, prior_acceptance=0.7)
+    best16, forecasts = g.choose(128, costs)
+    assert best1.k == 0 and best16.k > 0
+    plain = next(f for f in forecasts if f.k == 0)
+    assert best16.per_token_s < 0.9 * plain.per_token_s
+    # priced at the shortest run alone (every request level each window), the same window would lose
+    assert best16.window_s / (16 * g.shortest_run_tokens(best16.k, 16)) > plain.per_token_s
+
+
+def test_what_one_batch_size_fitted_does_not_move_another_ones_forecast():
+    g, costs = batch_governor(1), BatchCosts()
+    before = g.forecast(4, costs)
+    g.batch = 16
+    unfitted = g.forecast(4, costs)
+    for _ in range(8):  # batched windows take far longer than modelled
+        f = g.forecast(4, costs)
+        g.observe_window(f, 10 * f.window_s, int(f.misses))
+        g.observe_draft_step(1.0)
+    assert g.forecast(4, costs).window_s > 5 * unfitted.window_s
+    g.batch = 1
+    assert g.forecast(4, costs) == before
