@@ -103,6 +103,7 @@ class Governor:
         self.failed = [0.0] * (max(self.choices) + 2)
         self.prior_gamma = prior_gamma
         self.batch = 1  # requests verified together in the windows forecast and observed now (set by the strategy)
+        self.width = 1  # a batched window's least width: its requests' most pending tokens (set by the strategy)
         self.fits: dict[int, BatchFit] = {}  # batch size -> what its windows fitted
         self.prior_miss_s = 0.0
         self.plan_slots: int | None = None  # slots the plan may copy into (its transients' room); None: the cache
@@ -255,10 +256,12 @@ class Governor:
         return min(float(s.experts), s.top_k * n_tokens ** self.gamma)
 
     def forecast(self, k: int, costs) -> WindowForecast:
-        """``costs``: a :class:`WindowCosts` (prices at the present context). At ``batch`` B > 1: B·(K + 1)
-        verified positions, K draft steps of B tokens, B·(1 + E[min of B runs]) tokens (see the module)."""
+        """``costs``: a :class:`WindowCosts` (prices at the present context). At ``batch`` B > 1: B·T verified
+        positions (T = K + 1, or ``width`` where a request's pending tokens make the window wider), T − 1 draft steps
+        of B tokens (none at K = 0), B · :meth:`lockstep_tokens` tokens (see the module)."""
         s, b, fit = self.shape, self.batch, self.fit
-        n = b * (k + 1)
+        t = k + 1 if b == 1 else max(k + 1, self.width)
+        n = b * t
         u = self.union(n)
         hit = fit.hit_sum / fit.hit_n
         uncached = u * (1 - hit)
@@ -266,7 +269,7 @@ class Governor:
             step_s = fit.draft_step_s
         else:  # the prior: one draft forward over B tokens, its experts the union of theirs
             step_s = costs.draft_step_s() if b == 1 else costs.draft_step_s(b, self.union(b))
-        draft_s = k * step_s
+        draft_s = (k if b == 1 or not k else t - 1) * step_s
         planned = 0.0
         if k and self.plan:
             if self.plan_slots is None:

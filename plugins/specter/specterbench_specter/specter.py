@@ -172,7 +172,14 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         try:
             return super().generate_batch(engine, requests)
         finally:
-            self.governor.batch = 1
+            self.governor.batch, self.governor.width = 1, 1
+
+    def batch_choose_k(self, seqs, remaining):
+        """The window's least width for the forecast: the requests' most pending tokens (the request furthest
+        behind has one; the others are ahead by what they accepted past it)."""
+        lengths = [len(s) for s in seqs]
+        self.governor.width = max(lengths) - min(lengths) + 1
+        return super().batch_choose_k(seqs, remaining)
 
     def on_warmup_end(self):
         """The warm-up is over: the governor keeps what it learned; window, host and fetch counters restart."""
@@ -210,6 +217,11 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         elif self.calibration_counts and remaining > 1 and self.governor.batch == self.cell_batch:
             # the floor: drop a draft that loses to plain decoding at the batch the cell decodes (not in a batch-1
             # warm-up of a batched cell)
+            if self.governor.batch > 1:  # whether the draft pays at this batch, not in this window's tail or width
+                g, width = self.governor, self.governor.width
+                g.width = 1
+                forecasts = [g.forecast(d, self.window_costs(10**6)) for d in g.choices]
+                g.width = width
             spec = min((f.per_token_s for f in forecasts if f.k), default=float("inf"))
             self.spec_forecast_ms = spec * 1e3
             self.release_votes = (self.release_votes + 1 if self.draft_loses(spec, costs)
@@ -352,10 +364,12 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
                   "speculative_forecast_ms_per_token": self.spec_forecast_ms,
                   "speculative_realised_ms_per_token": self.spec_realised_ms})
         plan = self.plan if self.plan_on or self.plan == "off" else f"off (no room: {self.slots} slots ≤ top-k)"
+        g.batch = self.cell_batch  # the fit of the batch the cell decoded
         m.update({"k": self.k_option, "plan": plan, "plan_copies_dropped": self.dropped_copies,
                   "host_calls": self.host_calls, "fetch_calls": self.fetch_calls,
                   "governor_acceptance": round(g.acceptance, 4), "governor_gamma": round(g.gamma, 4),
                   "governor_miss_ms": round(g.miss_s() * 1e3, 4)})
+        g.batch = 1
         if self.batch_tokens:  # batched windows outside a batch's tail
             m["batch_window_tokens_forecast_vs_realised"] = [round(sum(f for f, _ in self.batch_tokens), 2),
                                                              sum(n for _, n in self.batch_tokens)]

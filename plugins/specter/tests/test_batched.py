@@ -128,3 +128,27 @@ def test_the_runner_checks_every_speculative_strategy_at_batch_4_against_its_bat
         assert (row.status, row.lossless, row.batch) == ("ok", True, 4), (name, row.error)
         assert row.extra["numerics"] == "bit-identical", name
         assert row.extra["batch_verify_positions"] > 0 and row.tokens_per_s_total > row.tokens_per_s_per_user
+
+
+def test_a_batched_cell_seeds_its_governor_with_batched_windows():
+    """``engine.cell_batch`` = 4 before ``prepare``: the seed decodes calibration prompts four at a time, so the
+    governor's batch-4 fit holds batched windows (their draft steps, unions over 4·T positions) and the seed's
+    windows count every request's tokens; the batch-1 fit is left at its priors. The batch then decodes losslessly."""
+    from specterbench.strategy import RoutingCalibration
+
+    engine = engine_for()
+    strategy = Specter()
+    configure(engine, strategy)
+    prompts = tuple(r.prompt_ids + (7,) * i for i, r in enumerate(requests_for(GREEDY, n=3)))  # 6 to 8 tokens
+    calibration = RoutingCalibration(torch.ones(engine.num_layers, engine.num_experts), prompts, decode=GREEDY)
+    engine.cell_batch = 4
+    strategy.prepare(engine, calibration)
+    g = strategy.governor
+    assert strategy.cell_batch == 4 and g.batch == 1  # back to batch 1 between batches
+    fit = g.fits[4]
+    assert fit.draft_step_s is not None and fit.gamma_n > 1 and fit.ratio
+    assert 1 not in g.fits or (g.fits[1].gamma_n, g.fits[1].draft_step_s) == (1.0, None)
+    assert max(n for _, _, n in strategy.seed_windows) > 4  # a window's tokens over the four requests
+    requests = requests_for(SAMPLED)
+    begin_batch(engine, requests)
+    assert strategy.generate_batch(engine, requests) == alone(requests)
