@@ -72,13 +72,27 @@ class DraftFloor:
         total = sum(counts) or 1
         e = self.engine
         slots = (e.cache.capacity_bytes + self.draft_bytes(e)) // e.expert_bytes
-        if self.governor.batch > 1:
+        if self.governor.batch > 1:  # read at the realised/modelled ratio of the seed's plain batched steps
             uncovered, union = self.batch_cover(max(0, slots - e.top_k), self.governor.batch)
-            self.plain_forecast_ms = self.governor.plain_step_s(costs, uncovered, union) * 1e3
+            real, model = self.plain_seen
+            ratio = real / model if model > 0 else 1.0
+            self.plain_forecast_ms = self.governor.plain_step_s(costs, uncovered, union) * ratio * 1e3
             return self.plain_forecast_ms / 1e3
         covered = sum(counts[:max(0, slots - e.top_k)])
         self.plain_forecast_ms = self.governor.plain_step_s(costs, 1 - covered / total) * 1e3
         return self.plain_forecast_ms / 1e3
+
+    plain_seen = (0.0, 0.0)  # Σ realised s, Σ modelled s of the seed's plain batched steps
+
+    def observe_plain_step(self, seconds: float, costs) -> None:
+        """A plain batched step of the seed (K = 0, one pending token a request) took ``seconds``: against
+        :meth:`Governor.plain_step_s` over the present cache (the calibration's residents), it gives the ratio the
+        forecast of plain decoding without the draft is read at (what the split of misses between host and link does
+        not price, e.g. host reads and copies sharing the host's memory)."""
+        e, b = self.engine, self.governor.batch
+        uncovered, union = self.batch_cover(max(0, self.slots - e.top_k), b)
+        real, model = self.plain_seen
+        self.plain_seen = (real + seconds, model + b * self.governor.plain_step_s(costs, uncovered, union))
 
     def batch_cover(self, residents: int, batch: int) -> tuple[float, float]:
         """A plain step of ``batch`` tokens over the calibration's ``residents`` most popular experts: (share of

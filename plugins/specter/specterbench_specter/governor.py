@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 K_CHOICES = tuple(range(0, 33, 2))  # 0, 2, …, 32
 HAZARD_PRIOR = 8.0  # windows' worth of the geometric hazard in each depth's pooled hazard (a few lucky deep windows
 # in the seed must not promise long runs: alone, they can nearly double the forecast tokens per window)
-LOCKSTEP_WINDOWS, LOCKSTEP_BURN, LOCKSTEP_SEED = 1024, 8, 0  # the lock step's simulated windows (see lockstep_tokens)
+LOCKSTEP_RUNS, LOCKSTEP_WINDOWS, LOCKSTEP_SEED = 8, 64, 0  # the lock step's simulation (see lockstep_tokens)
 RATIO_MEMORY = 0.85  # weight of a depth's earlier windows in its realised/modelled ratio at each new one
 
 
@@ -104,6 +104,8 @@ class Governor:
         self.prior_gamma = prior_gamma
         self.batch = 1  # requests verified together in the windows forecast and observed now (set by the strategy)
         self.width = 1  # a batched window's least width: its requests' most pending tokens (set by the strategy)
+        self.leads: list[int] | None = None  # a batch's requests' tokens past its shortest (None: level)
+        self.remaining: list[int] | None = None  # a batch's requests' tokens still to decode (None: unbounded)
         self.fits: dict[int, BatchFit] = {}  # batch size -> what its windows fitted
         self.prior_miss_s = 0.0
         self.plan_slots: int | None = None  # slots the plan may copy into (its transients' room); None: the cache
@@ -172,24 +174,40 @@ class Governor:
         distribution: what the cache advances by in a window where every request starts level (its run alone)."""
         return 1.0 + sum(survive ** batch for survive in self.survival(k))
 
-    def lockstep_tokens(self, k: int, batch: int) -> float:
-        """Tokens each request gains per window, in the long run, when ``batch`` requests verify windows of depth
-        ``k`` in lock step (:mod:`.batched`): the cache advances by the shortest progress, ``min_b(p_b + a_b)``,
-        where ``p_b`` is request b's pending tokens (1 plus what it accepted past the last window's shortest: kept,
-        verified again) and ``a_b ≤ K + 1 − p_b`` its accepted run over its fewer proposals. Between
-        :meth:`shortest_run_tokens` (every request level) and :meth:`expected_tokens` (batch 1). The B runs are
-        independent draws of the observed run-length distribution (different texts, one draft); the stationary
-        mean is simulated over ``LOCKSTEP_WINDOWS`` windows with fixed random numbers, so a forecast repeats."""
-        surv = [-s for s in self.survival(k)]  # ascending, for bisect: run ≥ j  ⇔  u < S(j)
+    def lockstep_tokens(self, k: int, batch: int, leads=None, remaining=None) -> float:
+        """Tokens each request gains per window when ``batch`` requests decode the rest of their tokens in windows of
+        depth ``k`` in lock step (:mod:`.batched`): each window request b proposes ``T − p_b`` tokens (``p_b`` its
+        pending tokens: 1 plus ``leads[b]``, what it accepted past the last window's shortest — kept, verified
+        again), accepts a run ``a_b`` of them and emits ``a_b + 1``; the cache advances by the shortest progress
+        ``min_b(p_b + a_b)``. Simulated from the present ``leads`` until every request has its ``remaining`` tokens
+        (at most ``LOCKSTEP_WINDOWS`` windows; default: level, unbounded), so a short decode's first window — every
+        request level, the cache advancing by the shortest run — and its last, cut short, count as they will. Between
+        :meth:`shortest_run_tokens` and :meth:`expected_tokens` (batch 1). The B runs are independent draws of the
+        observed run-length distribution (different texts, one draft), with fixed random numbers (a forecast
+        repeats), ``LOCKSTEP_RUNS`` times."""
+        if k == 0:
+            return 1.0
+        start = list(leads) if leads else [0] * batch
+        deepest = min(len(self.at_risk) - 2, max(k, *start))  # no window of the simulation is wider
+        surv = [-s for s in self.survival(deepest)]  # ascending, for bisect: run ≥ j  ⇔  u < S(j)
+        need = list(remaining) if remaining else [1 << 30] * batch
         rng = random.Random(LOCKSTEP_SEED)
-        lead, advanced = [0] * batch, 0
-        for w in range(LOCKSTEP_BURN + LOCKSTEP_WINDOWS):
-            progress = [1 + d + min(bisect.bisect_left(surv, -rng.random()), k - d) for d in lead]
-            step = min(progress)
-            lead = [p - step for p in progress]
-            if w >= LOCKSTEP_BURN:
-                advanced += step
-        return advanced / LOCKSTEP_WINDOWS
+        emitted = windows = 0
+        for _ in range(LOCKSTEP_RUNS):
+            lead, left = start[:], need[:]
+            for _ in range(LOCKSTEP_WINDOWS):
+                if max(left) <= 0:
+                    break
+                width = max(k + 1, max(lead) + 1)
+                runs = [min(bisect.bisect_left(surv, -rng.random()), width - 1 - d) for d in lead]
+                progress = [1 + d + a for d, a in zip(lead, runs)]
+                step = min(progress)
+                lead = [p - step for p in progress]
+                for i, a in enumerate(runs):
+                    emitted += max(0, min(a + 1, left[i]))
+                    left[i] -= a + 1
+                windows += 1
+        return emitted / max(1, windows) / batch
 
     def observe_draft_step(self, seconds: float) -> None:
         fit = self.fit
@@ -281,7 +299,7 @@ class Governor:
         misses = s.moe_layers * max(0.0, uncached - planned)
         compute = costs.verify_s(n, u) if b == 1 else costs.verify_s(n, u, requests=b)
         tokens = (min(self.expected_tokens(k), costs.remaining) if b == 1
-                  else min(self.lockstep_tokens(k, b), costs.remaining) * b)
+                  else min(self.lockstep_tokens(k, b, self.leads, self.remaining), costs.remaining) * b)
         return WindowForecast(k, (draft_s + compute + misses * self.miss_s()) * self.bias(k), tokens, misses)
 
     def plain_step_s(self, costs, uncovered: float, union: float | None = None) -> float:

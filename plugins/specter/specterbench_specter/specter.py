@@ -173,12 +173,15 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
             return super().generate_batch(engine, requests)
         finally:
             self.governor.batch, self.governor.width = 1, 1
+            self.governor.leads = self.governor.remaining = None
 
     def batch_choose_k(self, seqs, remaining):
         """The window's least width for the forecast: the requests' most pending tokens (the request furthest
         behind has one; the others are ahead by what they accepted past it)."""
         lengths = [len(s) for s in seqs]
-        self.governor.width = max(lengths) - min(lengths) + 1
+        g = self.governor
+        g.width = max(lengths) - min(lengths) + 1
+        g.leads, g.remaining = [n - min(lengths) for n in lengths], list(remaining)
         return super().batch_choose_k(seqs, remaining)
 
     def on_warmup_end(self):
@@ -218,10 +221,10 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
             # the floor: drop a draft that loses to plain decoding at the batch the cell decodes (not in a batch-1
             # warm-up of a batched cell)
             if self.governor.batch > 1:  # whether the draft pays at this batch, not in this window's tail or width
-                g, width = self.governor, self.governor.width
-                g.width = 1
+                g, now = self.governor, (self.governor.width, self.governor.leads, self.governor.remaining)
+                g.width, g.leads, g.remaining = 1, None, None
                 forecasts = [g.forecast(d, self.window_costs(10**6)) for d in g.choices]
-                g.width = width
+                g.width, g.leads, g.remaining = now
             spec = min((f.per_token_s for f in forecasts if f.k), default=float("inf"))
             self.spec_forecast_ms = spec * 1e3
             self.release_votes = (self.release_votes + 1 if self.draft_loses(spec, costs)
@@ -259,6 +262,8 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
                 self.recent_windows = (self.recent_windows + [(window_s, emitted)])[-self.RECENT:]
             elif self.seeding:
                 self.seed_windows.append((k, window_s, emitted))
+        elif self.seeding and batch > 1 and self.governor.width == 1:  # a plain batched step over this cache
+            self.observe_plain_step(window_s, self.window_costs(10**6))
         if self.forecast is not None:
             misses = self.engine.stats.misses - self.window_misses0
             self.governor.observe_window(self.forecast, window_s, misses)

@@ -149,6 +149,24 @@ def test_a_batched_cell_seeds_its_governor_with_batched_windows():
     assert fit.draft_step_s is not None and fit.gamma_n > 1 and fit.ratio
     assert 1 not in g.fits or (g.fits[1].gamma_n, g.fits[1].draft_step_s) == (1.0, None)
     assert max(n for _, _, n in strategy.seed_windows) > 4  # a window's tokens over the four requests
+    assert strategy.plain_seen[0] > 0 and strategy.plain_seen[1] > 0  # its first window, plain, against its model
     requests = requests_for(SAMPLED)
     begin_batch(engine, requests)
     assert strategy.generate_batch(engine, requests) == alone(requests)
+
+
+def test_a_plain_batched_step_needs_the_union_of_its_tokens_experts():
+    """Uniform routing over E experts, top-k: B tokens need E·(1 − (1 − k/E)^B) experts a layer, and with R of the
+    L·E experts resident a share 1 − R/(L·E) of them misses; more tokens, more of the layer."""
+    from specterbench.strategy import RoutingCalibration
+
+    engine = engine_for()
+    strategy = Specter()
+    configure(engine, strategy)
+    L, E, k = engine.num_layers, engine.num_experts, engine.top_k
+    strategy.calibration = RoutingCalibration(torch.ones(L, E), ((1, 2, 3),))
+    for b in (1, 4, 16):
+        uncovered, union = strategy.batch_cover(L * E // 2, b)
+        assert union == pytest.approx(E * (1 - (1 - k / E) ** b))
+        assert uncovered == pytest.approx(0.5)
+    assert strategy.batch_cover(0, 4)[0] == pytest.approx(1.0)

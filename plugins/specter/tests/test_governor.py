@@ -157,7 +157,7 @@ def test_the_lock_step_emits_fewer_tokens_per_request_than_batch_1_and_more_than
         last = lock
         g.batch = b
         assert g.forecast(4, BatchCosts()).tokens == pytest.approx(b * lock)  # every request's tokens
-    assert g.lockstep_tokens(4, 1) == pytest.approx(alone, rel=0.02)  # one request: the run itself (simulated)
+    assert g.lockstep_tokens(4, 1) == pytest.approx(alone, rel=0.05)  # one request: the run itself (simulated)
     assert g.shortest_run_tokens(4, 16) == pytest.approx(1 + sum(s ** 16 for s in g.survival(4)))
 
 
@@ -188,3 +188,13 @@ def test_what_one_batch_size_fitted_does_not_move_another_ones_forecast():
     assert g.forecast(4, costs).window_s > 5 * unfitted.window_s
     g.batch = 1
     assert g.forecast(4, costs) == before
+
+
+def test_a_short_batched_decode_counts_its_level_first_window_and_its_cut_last_one():
+    g = batch_governor(8, prior_acceptance=0.85)
+    unbounded = g.lockstep_tokens(16, 8)
+    short = g.lockstep_tokens(16, 8, remaining=[15] * 8)
+    assert 1.0 < short < unbounded  # fifteen tokens: the level start and the tail weigh
+    assert g.lockstep_tokens(16, 8, remaining=[1] * 8) == 1.0  # one token left each: one window, one token each
+    # a request already ahead proposes fewer: the batch gains less per window than from a level start
+    assert g.lockstep_tokens(4, 8, leads=[4] + [0] * 7) < g.lockstep_tokens(4, 8)
