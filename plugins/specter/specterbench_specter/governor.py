@@ -185,9 +185,11 @@ class Governor:
         :meth:`shortest_run_tokens` and :meth:`expected_tokens` (batch 1). The B runs are independent draws of the
         observed run-length distribution (different texts, one draft), with fixed random numbers (a forecast
         repeats), ``LOCKSTEP_RUNS`` times."""
-        if k == 0:
-            return 1.0
         start = list(leads) if leads else [0] * batch
+        if k == 0:  # no proposals: each request still short of its tokens gains one a window, the others none
+            if not remaining or max(remaining) <= 0:
+                return 1.0
+            return sum(max(0, n) for n in remaining) / max(remaining) / batch
         deepest = min(len(self.at_risk) - 2, max(k, *start))  # no window of the simulation is wider
         surv = [-s for s in self.survival(deepest)]  # ascending, for bisect: run ≥ j  ⇔  u < S(j)
         need = list(remaining) if remaining else [1 << 30] * batch

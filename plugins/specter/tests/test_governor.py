@@ -198,3 +198,13 @@ def test_a_short_batched_decode_counts_its_level_first_window_and_its_cut_last_o
     assert g.lockstep_tokens(16, 8, remaining=[1] * 8) == 1.0  # one token left each: one window, one token each
     # a request already ahead proposes fewer: the batch gains less per window than from a level start
     assert g.lockstep_tokens(4, 8, leads=[4] + [0] * 7) < g.lockstep_tokens(4, 8)
+
+
+def test_plain_steps_in_a_batchs_tail_gain_only_the_unfinished_requests_tokens():
+    g = batch_governor(4)
+    assert g.lockstep_tokens(0, 4) == 1.0
+    assert g.lockstep_tokens(0, 4, remaining=[6, 0, 0, 3]) == pytest.approx(9 / 6 / 4)  # six windows, nine tokens
+    g.leads, g.remaining, g.width = [0, 5, 5, 2], [6, 0, 0, 3], 6
+    plain = g.forecast(0, BatchCosts())
+    assert plain.tokens == pytest.approx(9 / 6)
+    assert plain.per_token_s > g.forecast(4, BatchCosts()).per_token_s  # the window is as wide: draft into it
