@@ -29,7 +29,9 @@ holds all of ``M`` (else it is not offered).
 *before* the engine joins ``L``'s host experts, the engine guesses layer ``L + 1``'s routing (its router applied to
 ``L``'s MoE input, charged as one router op) and issues the copies of the guessed missing experts that the hybrid
 rule would fetch (largest token count first, each to the link while a copy issued now lands and computes before the
-host, behind its queue, would finish it). Those copies run on the link while the host finishes ``L`` and the device
+host, behind its queue, would finish it) — none while the host's experts are DRAM-bound on the share a copy leaves
+them (:func:`dram_bound`: every miss, computed on the host or copied, reads its weights from host DRAM once, so then
+a copy only takes the host's bytes). Those copies run on the link while the host finishes ``L`` and the device
 runs ``L + 1``'s attention, so a prefill's link and host work are pipelined across layers; the clock charges that
 overlap only because the copies really are issued earlier (the modeled clock starts a copy when it is issued and the
 link is free; host jobs already queued are re-timed against the link's busy intervals, so the copies' share of host
@@ -110,27 +112,27 @@ def drop_streamed(engine: "Engine") -> None:
     engine.streamed = []
 
 
-def _tail_slowdown(engine: "Engine", tail_tokens: Sequence[int]) -> float:
-    """The share of its pace the host loses on the jobs it still runs (``tail_tokens``: their token counts) while a
-    copy holds the link: ``1 - alone / shared`` for their mean job, by the cost model's DRAM sharing rule (0 when
-    the host is compute-bound even on the share the link leaves it)."""
+def dram_bound(engine: "Engine", tokens: Sequence[int]) -> bool:
+    """Whether a host expert over the mean of ``tokens`` loses pace while a copy holds the link (by the cost model's
+    DRAM sharing rule: its weights read at ``host.mem_bytes_per_s - link_bytes_per_s`` outlast its arithmetic).
+    Then every byte a copy reads from host DRAM is a byte the host cannot: copying ahead cannot finish the prefill
+    sooner."""
     model = engine.costs.model
-    if not tail_tokens or model.host is None:
-        return 0.0
-    op = model.host_expert(round(sum(tail_tokens) / len(tail_tokens)))
+    if not tokens or model.host is None:
+        return False
+    op = model.host_expert(max(1, round(sum(tokens) / len(tokens))))
     alone = model.host_seconds(op, engine.host_threads)
-    shared = model.host_seconds_shared(op, engine.host_threads, float("inf"))
-    return max(0.0, 1.0 - alone / shared)
+    return model.host_seconds_shared(op, engine.host_threads, float("inf")) > alone
 
 
 def stage_next(engine: "Engine", layer: int, policy: str, tail_tokens: Sequence[int] = ()) -> int:
     """Layer ``layer``'s device experts have run and its host experts may still be running: issue the copies layer
     ``layer + 1`` will want, by its router's guess over this layer's MoE input (see the module's last paragraph).
     ``policy``: this layer's prefill policy (STREAM: free bytes only, dropped after the next layer); ``tail_tokens``:
-    the token counts of this layer's host experts, still running. A guessed miss is copied when that finishes the
-    next layer's experts sooner than leaving it to the host: ``max(host + delay, link + copy_s + in_layer) <
-    max(host + host_expert_s(n), link)``, where ``delay`` is what the copy costs the host's running jobs (the
-    host DRAM its copy reads while they run: :func:`_tail_slowdown` times the overlap). Returns the copies
+    the token counts of this layer's host experts, still running. Nothing is staged while the host's jobs (this
+    layer's, or the next layer's by the guess) are DRAM-bound on the share a copy leaves them (:func:`dram_bound`);
+    otherwise a guessed miss is copied when that finishes the next layer's experts sooner than leaving it to the
+    host: ``max(host, link + copy_s + in_layer_s(n)) < max(host + host_expert_s(n), link)``. Returns the copies
     issued."""
     nxt = layer + 1
     if nxt >= engine.num_layers or engine.current_hidden is None:
@@ -139,16 +141,17 @@ def stage_next(engine: "Engine", layer: int, policy: str, tail_tokens: Sequence[
     counts = torch.bincount(guess.top_k_index.reshape(-1).cpu(), minlength=engine.num_experts).tolist()
     cache, costs, stats = engine.cache, engine.costs, engine.stats
     wanted = sorted(((n, e) for e, n in enumerate(counts) if n), reverse=True)
+    if dram_bound(engine, tail_tokens) or dram_bound(engine, [n for n, _ in wanted]):
+        engine.staged = []
+        return 0
     protect = {(nxt, e) for _, e in wanted if (nxt, e) in cache}
-    host, link, issued = costs.host_backlog_s(), costs.link_backlog_s(), []
-    tail, slow, copy_s = host, _tail_slowdown(engine, tail_tokens), costs.copy_s()
+    host, link, issued, copy_s = costs.host_backlog_s(), costs.link_backlog_s(), [], costs.copy_s()
     for n, e in wanted:
         key = (nxt, e)
         if key in cache:
             continue
         on_host = host + costs.host_expert_s(n) if costs.model.host is not None else float("inf")
-        delay = slow * max(0.0, min(tail, link + copy_s) - link)  # the tail's DRAM the copy takes
-        if max(host + delay, link + copy_s + costs.expert_in_layer_s(n)) >= max(on_host, link):
+        if max(host, link + copy_s + costs.expert_in_layer_s(n)) >= max(on_host, link):
             host = on_host  # the host finishes the next layer sooner without this copy
             continue
         if policy == STREAM and cache.free_bytes < engine.expert_bytes:
@@ -157,7 +160,7 @@ def stage_next(engine: "Engine", layer: int, policy: str, tail_tokens: Sequence[
             break  # no room the strategy would give
         protect.add(key)
         issued.append(key)
-        host, tail, link = host + delay, tail + delay, link + copy_s
+        link += copy_s
     stats.staged_experts += len(issued)
     engine.staged = issued
     engine.staged_stream = policy == STREAM
