@@ -16,7 +16,7 @@ class ActivationAware(LRU):
     """
 
     name = "activation-aware"
-    version = "1"
+    version = "2"  # 2: a prompt's layers placed by the engine's per-layer prefill policy (as lru)
     description = "MoE-Infinity: match the request's expert activation matrix to calibration ones; prefetch/evict"
     uses_calibration = True
 

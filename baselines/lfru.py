@@ -7,7 +7,7 @@ class LFRU(LRU):
     goes first. ``decay`` → ∞ is LRU, ``decay`` = 0 is LFU. Per-layer quotas as in :class:`LRU`."""
 
     name = "lfru"
-    version = "1"
+    version = "2"  # 2: a prompt's layers placed by the engine's per-layer prefill policy (as lru)
     description = "per-layer LRFU: evict the lowest combined recency-frequency score"
 
     @classmethod

@@ -178,7 +178,6 @@ def training_corpus(name: str, seed: int, log) -> tuple:
 def train(name: str, steps: int | None = None, minutes: float | None = None, seed: int = 0,
           out_dir: Path | None = None, log=print, overrides: dict[str, str] | None = None, card: bool = True) -> Path:
     if name not in SPECS:
-
         raise UsageError(f"unknown embedded model {name!r}: choose one of {', '.join(SPECS)}")
     spec = with_overrides(SPECS[name], overrides or {})
     out_dir = Path(out_dir) if out_dir is not None else MODELS_DIR / name
