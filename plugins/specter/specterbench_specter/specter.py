@@ -309,6 +309,9 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         # what a slot holding a calibration resident is worth to a window, beside expert_precision (what a slot
         # holding one of the plan's copies is worth): the lookahead can add hits only where the second is higher
         m["resident_use"] = round(statistics.mean(self.resident_use), 4) if self.resident_use else None
+        stats = self.engine.stats
+        m.update({"prefill_overlap": "on" if self.prefill_overlap else "off", "staged_experts": stats.staged_experts,
+                  "staged_unused": stats.staged_unused})
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
                   "speculative_forecast_ms_per_token": self.spec_forecast_ms,
                   "speculative_realised_ms_per_token": self.spec_realised_ms})
