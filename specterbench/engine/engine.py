@@ -332,12 +332,13 @@ class Engine(CacheControl, CellSetup):
             self._routed_guard = False
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
         on_device = moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
-        if self.streamed:  # the device op has read them: their bytes are free for the next layer's copies
-            drop_streamed(self)
         if prefill and self.strategy.prefill_ahead(layer):  # before the host is joined: the link runs beside it
+            drop_streamed(self)  # the device op has read them: their bytes are free for the next layer's copies
             stage_next(self, layer, policy, [len(groups.of(k[1])[0]) for k, w in elsewhere.items() if w == ON_HOST])
         moe_layer.join_host(self, jobs, hidden, outputs)
         out = moe_layer.combine(hidden, groups, on_device, outputs)
+        if self.streamed:
+            drop_streamed(self)
         self.strategy.after_layer(layer, groups.experts)
         self._pending = set()
         return out
