@@ -174,13 +174,8 @@ class Engine(CacheControl, CellSetup):
         """
         D = self.context_tokens
         if D and 0 < D < input_ids.shape[1] and input_ids.shape[0] == 1 and kv.get_seq_length() == 0:
-            logits = self._after_context(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)
-            self.prefilling = self.prefilling and experts is not None
-            return logits
-        logits = self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
-        if experts is None:
-            self.prefilling = False
-        return logits
+            return self._after_context(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)
+        return self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
 
     def _after_context(self, input_ids: torch.Tensor, kv, **kw) -> torch.Tensor:
         """A request's first forward over its context and prompt (``request.context_tokens`` > 0, ``--depth``): the
@@ -189,7 +184,9 @@ class Engine(CacheControl, CellSetup):
         D = self.context_tokens
         self.clock.sync()
         before = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
+        prefilling = self.prefilling
         head = self._forward(input_ids[:, :D], kv, **kw)[0].float()  # [D or 1, V]
+        self.prefilling = prefilling  # the prompt after its context is still the request's prefill
         self.clock.sync()
         after = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self._mark = tuple(m + (a - b) for m, a, b in zip(self._mark, after, before))
@@ -222,6 +219,8 @@ class Engine(CacheControl, CellSetup):
             self.expert_override = None
             self.dense_ratio, self.dense_kernel = self.precision.dense_ratio, self.precision.dense_kernel
             self.current_layer = self.current_hidden = self.routing = None
+        if experts is None:  # a request's prefill is its first target forward, batched or not
+            self.prefilling = False
         if kv.get_seq_length() != before + T:  # a cache passed under a name the forward swallows stays empty
             raise EngineViolation(f"the KV cache holds {kv.get_seq_length()} positions after a forward of {T} "
                                   f"tokens over {before}: the model did not use it (transformers "
