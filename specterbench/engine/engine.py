@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from specterbench.engine import moe_layer
-from specterbench.engine.cache import DeviceCache
+from specterbench.engine.cache import ON_HOST, DeviceCache
 from specterbench.engine.cell_setup import CellSetup
 from specterbench.engine.clocks import Clock
 from specterbench.engine.compat import cache_kwarg, check_transformers, transformers_version
@@ -32,7 +32,7 @@ from specterbench.engine.kernels import DEFAULT_KERNELS
 from specterbench.engine.launch_count import count_model_launches
 from specterbench.engine.pool import SlotPool
 from specterbench.engine.precision import BF16
-from specterbench.engine.prefill import DEVICE, POLICIES, drop_streamed
+from specterbench.engine.prefill import DEVICE, POLICIES, drop_streamed, stage_next, take_staged
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
 from specterbench.engine.seam import OffloadedExperts, find_moe_blocks, router_of
@@ -101,6 +101,8 @@ class Engine(CacheControl, CellSetup):
         self._mark = (0.0, 0.0, 0.0)
         self.prefilling = False  # True from begin_request until the request's first target forward has run
         self.streamed: list = []  # the running layer's experts staged by a STREAM prefill policy (dropped after it)
+        self.staged: list = []  # copies issued for the next layer by a prefill's overlap (engine.prefill.stage_next)
+        self.staged_stream = False  # those were staged under STREAM (dropped after that layer)
         self.context_tokens = 0  # the request's leading prompt positions prefilled outside its timing (--depth)
         self.graphs = GraphController(self)  # CUDA graphs of the MoE layers' static pieces (--cuda-graphs)
         self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
@@ -317,7 +319,9 @@ class Engine(CacheControl, CellSetup):
             outputs: dict = {}
             self.host_placed_s = 0.0
             policy = DEVICE
-            if self.prefilling and T > 1:
+            prefill = self.prefilling and T > 1
+            if prefill:
+                take_staged(self, layer, groups.experts)
                 policy = self.strategy.prefill_layer(layer, groups.experts, groups.tokens_per_expert)
                 if policy not in POLICIES:
                     raise EngineViolation(f"strategy {self.strategy.name!r} chose prefill policy {policy!r} for "
@@ -327,6 +331,9 @@ class Engine(CacheControl, CellSetup):
             self._routed_guard = False
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
         on_device = moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
+        if prefill and self.strategy.prefill_ahead(layer):  # before the host is joined: the link runs beside it
+            drop_streamed(self)  # the device op has read them: their bytes are free for the next layer's copies
+            stage_next(self, layer, policy, [len(groups.of(k[1])[0]) for k, w in elsewhere.items() if w == ON_HOST])
         moe_layer.join_host(self, jobs, hidden, outputs)
         out = moe_layer.combine(hidden, groups, on_device, outputs)
         if self.streamed:
