@@ -45,7 +45,8 @@ Decision points, in the order the engine calls them:
 ``attach`` (once per benchmark cell) → ``prepare`` → (warm-up request, then ``on_warmup_end``) → per request
 ``on_request_start`` → per forward ``on_step_start`` → per MoE layer ``before_layer`` → ``prefill_layer`` in a
 prefill → ``on_miss`` for each expert not cached → ``place_miss`` → ``choose_victim`` when room is needed →
-``after_layer`` → ``on_step_end``; ``on_copy_landed`` at the next layer boundary after a copy lands.
+``prefill_ahead`` in a prefill → ``after_layer`` → ``on_step_end``; ``on_copy_landed`` at the next layer boundary
+after a copy lands.
 
 Batched steps (``--batch B``): B requests of one prompt length decode together, one forward per step
 (:mod:`specterbench.engine.batch`). ``engine.batch`` is B during such a step; ``on_request_start`` is called for each
@@ -244,6 +245,13 @@ class Strategy:
             return self.engine.costs.prefill_policy(layer, experts, tokens_per_expert,
                                                     hybrid=self.prefill_default == "hybrid").policy
         return DEVICE
+
+    def prefill_ahead(self, layer: int) -> bool:
+        """In a prefill, once MoE ``layer``'s device experts have run: whether the engine issues layer ``layer + 1``'s
+        copies now, before joining this layer's host experts (:func:`specterbench.engine.prefill.stage_next`: the
+        next layer's routing guessed by its router, each guessed miss the hybrid rule would fetch copied, so the
+        link runs beside the host across layers). Default: no."""
+        return False
 
     def place_miss(self, key: ExpertKey, n_tokens: int) -> str:
         """Where an expert that is not cached runs for the ``n_tokens`` routed to it: :data:`FETCH` (default),

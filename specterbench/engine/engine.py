@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from specterbench.engine import moe_layer
-from specterbench.engine.cache import DeviceCache
+from specterbench.engine.cache import ON_HOST, DeviceCache
 from specterbench.engine.cell_setup import CellSetup
 from specterbench.engine.clocks import Clock
 from specterbench.engine.compat import cache_kwarg, check_transformers, transformers_version
@@ -32,7 +32,7 @@ from specterbench.engine.kernels import DEFAULT_KERNELS
 from specterbench.engine.launch_count import count_model_launches
 from specterbench.engine.pool import SlotPool
 from specterbench.engine.precision import BF16
-from specterbench.engine.prefill import DEVICE, POLICIES, drop_streamed
+from specterbench.engine.prefill import DEVICE, POLICIES, drop_streamed, stage_next, take_staged
 from specterbench.engine.residency import CacheControl
 from specterbench.engine.routing import LayerRouting, RouterGuess, group_tokens
 from specterbench.engine.seam import OffloadedExperts, find_moe_blocks, router_of
@@ -102,6 +102,8 @@ class Engine(CacheControl, CellSetup):
         self._mark = (0.0, 0.0, 0.0)
         self.prefilling = False  # True from begin_request until the request's first target forward has run
         self.streamed: list = []  # the running layer's experts staged by a STREAM prefill policy (dropped after it)
+        self.staged: list = []  # copies issued for the next layer by a prefill's overlap (engine.prefill.stage_next)
+        self.staged_stream = False  # those were staged under STREAM (dropped after that layer)
         self.context_tokens = 0  # the request's leading prompt positions prefilled outside its timing (--depth)
         self.graphs = GraphController(self)  # CUDA graphs of the MoE layers' static pieces (--cuda-graphs)
         self.kernels = count_model_launches(self)  # what this model's dense parts launch: the prices' launches
@@ -173,13 +175,8 @@ class Engine(CacheControl, CellSetup):
         """
         D = self.context_tokens
         if D and 0 < D < input_ids.shape[1] and input_ids.shape[0] == 1 and kv.get_seq_length() == 0:
-            logits = self._after_context(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)
-            self.prefilling = self.prefilling and experts is not None
-            return logits
-        logits = self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
-        if experts is None:
-            self.prefilling = False
-        return logits
+            return self._after_context(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)
+        return self._forward(input_ids, kv, all_logits=all_logits, experts=experts, dense=dense)[0].float()
 
     def _after_context(self, input_ids: torch.Tensor, kv, **kw) -> torch.Tensor:
         """A request's first forward over its context and prompt (``request.context_tokens`` > 0, ``--depth``): the
@@ -188,7 +185,9 @@ class Engine(CacheControl, CellSetup):
         D = self.context_tokens
         self.clock.sync()
         before = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
+        prefilling = self.prefilling
         head = self._forward(input_ids[:, :D], kv, **kw)[0].float()  # [D or 1, V]
+        self.prefilling = prefilling  # the prompt after its context is still the request's prefill
         self.clock.sync()
         after = (self.clock.now(), time.perf_counter(), self.clock.totals.stall_s, self.stats.h2d_bytes)
         self._mark = tuple(m + (a - b) for m, a, b in zip(self._mark, after, before))
@@ -221,6 +220,8 @@ class Engine(CacheControl, CellSetup):
             self.expert_override = None
             self.dense_ratio, self.dense_kernel = self.precision.dense_ratio, self.precision.dense_kernel
             self.current_layer = self.current_hidden = self.routing = None
+        if experts is None:  # a request's prefill is its first target forward, batched or not
+            self.prefilling = False
         if kv.get_seq_length() != before + T:  # a cache passed under a name the forward swallows stays empty
             raise EngineViolation(f"the KV cache holds {kv.get_seq_length()} positions after a forward of {T} "
                                   f"tokens over {before}: the model did not use it (transformers "
@@ -319,7 +320,9 @@ class Engine(CacheControl, CellSetup):
             outputs: dict = {}
             self.host_placed_s = 0.0
             policy = DEVICE
-            if self.prefilling and T > 1:
+            prefill = self.prefilling and T > 1
+            if prefill:
+                take_staged(self, layer, groups.experts)
                 policy = self.strategy.prefill_layer(layer, groups.experts, groups.tokens_per_expert)
                 if policy not in POLICIES:
                     raise EngineViolation(f"strategy {self.strategy.name!r} chose prefill policy {policy!r} for "
@@ -329,6 +332,9 @@ class Engine(CacheControl, CellSetup):
             self._routed_guard = False
         jobs = moe_layer.run_elsewhere(self, elsewhere, groups, act_fn, hidden, outputs)
         on_device = moe_layer.run_on_device(self, layer, groups, elsewhere, act_fn, hidden, outputs)
+        if prefill and self.strategy.prefill_ahead(layer):  # before the host is joined: the link runs beside it
+            drop_streamed(self)  # the device op has read them: their bytes are free for the next layer's copies
+            stage_next(self, layer, policy, [len(groups.of(k[1])[0]) for k, w in elsewhere.items() if w == ON_HOST])
         moe_layer.join_host(self, jobs, hidden, outputs)
         out = moe_layer.combine(hidden, groups, on_device, outputs)
         if self.streamed:

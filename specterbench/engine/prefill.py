@@ -23,6 +23,21 @@ layer whose missing experts ``M`` receive ``n_e`` tokens each it prices, with th
 
 and picks the smallest; a tie goes to HOST (no copy), then STREAM (no eviction); STREAM only where the staging area
 holds all of ``M`` (else it is not offered).
+
+**The next layer's copies, overlapped** (:func:`stage_next`, for a strategy whose
+:meth:`~specterbench.strategy.Strategy.prefill_ahead` says so): once layer ``L``'s device experts have run, and
+*before* the engine joins ``L``'s host experts, the engine guesses layer ``L + 1``'s routing (its router applied to
+``L``'s MoE input, charged as one router op) and issues the copies of the guessed missing experts that the hybrid
+rule would fetch (largest token count first, each to the link while a copy issued now lands and computes before the
+host, behind its queue, would finish it) — none while the host's experts are DRAM-bound on the share a copy leaves
+them (:func:`dram_bound`: every miss, computed on the host or copied, reads its weights from host DRAM once, so then
+a copy only takes the host's bytes). Those copies run on the link while the host finishes ``L`` and the device
+runs ``L + 1``'s attention, so a prefill's link and host work are pipelined across layers; the clock charges that
+overlap only because the copies really are issued earlier (the modeled clock starts a copy when it is issued and the
+link is free; host jobs already queued are re-timed against the link's busy intervals, so the copies' share of host
+DRAM is paid). Room: under STREAM the copies take free bytes only (this layer's staged experts are dropped first)
+and are dropped after layer ``L + 1``; otherwise they evict as a demand fetch does (the strategy chooses), sparing
+``L + 1``'s cached experts. A guessed expert ``L + 1`` does not route to is counted in ``stats.staged_unused``.
 The host's price grows with the tokens each expert serves, the copy's does not: short prompts (a few tokens per
 expert) stay on the host, long ones copy — the token threshold of llama.cpp's op offload, scaled by ``experts /
 top_k``, falls out of the two rates rather than being a constant.
@@ -31,6 +46,10 @@ top_k``, falls out of the two rates rather than being a constant.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple, Sequence
+
+import torch
+
+from specterbench.engine.scheduler import DEMAND_PRIORITY
 
 if TYPE_CHECKING:  # pragma: no cover
     from specterbench.engine.engine import Engine
@@ -91,3 +110,70 @@ def drop_streamed(engine: "Engine") -> None:
         if key in engine.cache:
             engine.evict(key)
     engine.streamed = []
+
+
+def dram_bound(engine: "Engine", tokens: Sequence[int]) -> bool:
+    """Whether a host expert over the mean of ``tokens`` loses pace while a copy holds the link (by the cost model's
+    DRAM sharing rule: its weights read at ``host.mem_bytes_per_s - link_bytes_per_s`` outlast its arithmetic).
+    Then every byte a copy reads from host DRAM is a byte the host cannot: copying ahead cannot finish the prefill
+    sooner."""
+    model = engine.costs.model
+    if not tokens or model.host is None:
+        return False
+    op = model.host_expert(max(1, round(sum(tokens) / len(tokens))))
+    alone = model.host_seconds(op, engine.host_threads)
+    return model.host_seconds_shared(op, engine.host_threads, float("inf")) > alone
+
+
+def stage_next(engine: "Engine", layer: int, policy: str, tail_tokens: Sequence[int] = ()) -> int:
+    """Layer ``layer``'s device experts have run and its host experts may still be running: issue the copies layer
+    ``layer + 1`` will want, by its router's guess over this layer's MoE input (see the module's last paragraph).
+    ``policy``: this layer's prefill policy (STREAM: free bytes only, dropped after the next layer); ``tail_tokens``:
+    the token counts of this layer's host experts, still running. Nothing is staged while the host's jobs (this
+    layer's, or the next layer's by the guess) are DRAM-bound on the share a copy leaves them (:func:`dram_bound`);
+    otherwise a guessed miss is copied when that finishes the next layer's experts sooner than leaving it to the
+    host: ``max(host, link + copy_s + in_layer_s(n)) < max(host + host_expert_s(n), link)``. Returns the copies
+    issued."""
+    nxt = layer + 1
+    if nxt >= engine.num_layers or engine.current_hidden is None:
+        return 0
+    guess = engine.router_guess(nxt)  # [T, k] guessed routing, charged as one router op
+    counts = torch.bincount(guess.top_k_index.reshape(-1).cpu(), minlength=engine.num_experts).tolist()
+    cache, costs, stats = engine.cache, engine.costs, engine.stats
+    wanted = sorted(((n, e) for e, n in enumerate(counts) if n), reverse=True)
+    if dram_bound(engine, tail_tokens) or dram_bound(engine, [n for n, _ in wanted]):
+        engine.staged = []
+        return 0
+    protect = {(nxt, e) for _, e in wanted if (nxt, e) in cache}
+    host, link, issued, copy_s = costs.host_backlog_s(), costs.link_backlog_s(), [], costs.copy_s()
+    for n, e in wanted:
+        key = (nxt, e)
+        if key in cache:
+            continue
+        on_host = host + costs.host_expert_s(n) if costs.model.host is not None else float("inf")
+        if max(host, link + copy_s + costs.expert_in_layer_s(n)) >= max(on_host, link):
+            host = on_host  # the host finishes the next layer sooner without this copy
+            continue
+        if policy == STREAM and cache.free_bytes < engine.expert_bytes:
+            break
+        if engine._fetch(key, DEMAND_PRIORITY, prefetched=True, protect=protect) is None:
+            break  # no room the strategy would give
+        protect.add(key)
+        issued.append(key)
+        link += copy_s
+    stats.staged_experts += len(issued)
+    engine.staged = issued
+    engine.staged_stream = policy == STREAM
+    return len(issued)
+
+
+def take_staged(engine: "Engine", layer: int, experts: Sequence[int]) -> None:
+    """Layer ``layer`` starts: the copies staged for it become its own — dropped after it when they were staged under
+    STREAM; guessed experts it is not routed to are counted unused."""
+    staged, engine.staged = engine.staged, []
+    if not staged:
+        return
+    routed = {(layer, e) for e in experts}
+    engine.stats.staged_unused += sum(1 for key in staged if key not in routed)
+    if engine.staged_stream:
+        engine.streamed.extend(key for key in staged if key in engine.cache)

@@ -22,6 +22,8 @@ class EngineStats:
     expert_computes: int = 0
     host_experts: int = 0  # misses computed on the host CPU
     streamed_experts: int = 0  # prefill misses copied through the staging area (STREAM) and dropped after
+    staged_experts: int = 0  # prefill copies issued for the next layer before this layer's host experts joined
+    staged_unused: int = 0  # of those, guessed experts the next layer did not route to
     activation_bytes: int = 0  # activations sent to and back from the host for those (both directions)
     substituted: int = 0  # misses computed with a strategy's substitute (lossy)
     host_expert_tokens: int = 0  # tokens those host experts computed (each token of each host expert once)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specterbench.catalog.tiny import tiny_random
+from specterbench.engine.batch import begin_batch, decode_batch
 from specterbench.engine.engine import Engine
 from specterbench.engine.geometry import project
 from specterbench.engine.modeled_clock import ModeledClock
@@ -68,6 +69,18 @@ def test_stream_copies_through_free_bytes_and_drops_them_host_computes_every_mis
     assert decode(engine, host, budget) == reference
     assert engine.stats.streamed_experts == 0 and engine.stats.host_experts > 0
     assert engine.stats.prefetch_issued == 0 or engine.stats.demand_bytes > 0  # decode's misses still fetch
+
+
+def test_a_batch_is_placed_by_the_policy_in_its_prefill_only(engine):
+    """Batched decoding forwards B tokens a step: only the batch's first forward (the prompts) is a prefill."""
+    strategy = Fixed(HOST)
+    engine.configure(strategy, engine.total_expert_bytes // 2,
+                     ModeledClock(default_profile(), engine.geometry, default_host_profile()))
+    requests = [Request(f"r{i}", PROMPT, 4) for i in range(2)]
+    begin_batch(engine, requests)
+    decode_batch(engine, requests)
+    assert set(strategy.asked) == {2 * len(PROMPT)}  # never asked for a decode step's 2 tokens
+    assert engine.stats.host_experts > 0 and engine.stats.demand_bytes > 0  # decode's misses fetch (place_miss)
 
 
 def test_stream_leaves_no_staged_expert_in_the_cache_after_the_layer(engine):

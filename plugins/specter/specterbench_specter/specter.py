@@ -36,6 +36,7 @@ from .governor import K_CHOICES, Governor, Shape, WindowCosts
 from .planner import LookaheadPlanner, by_layer
 
 HOST_CHOICES = ("auto", "off")
+OVERLAP_CHOICES = ("off", "on")  # prefill_overlap: engine.prefill.stage_next in a prompt's forward
 # the prefetch plan: lookahead = the draft's routing, earliest layer first, as far as the cache allows; aimed = the
 # same, and a verification layer drops the planned copies still queued that the host would finish sooner; rolling =
 # aimed, and each verified layer's slots go to the plan of the layers ahead; off: no plan and no draft-guided
@@ -74,8 +75,8 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
 
     @classmethod
     def option_names(cls):
-        return ("k", "host", "plan", "dense_bits", "dense_quantizer", "dense_blocksize", "head_error_scale",
-                "draft_noise", *QuantSpec.OPTIONS)
+        return ("k", "host", "plan", "prefill_overlap", "dense_bits", "dense_quantizer", "dense_blocksize",
+                "head_error_scale", "draft_noise", *QuantSpec.OPTIONS)
 
     parse_depth = staticmethod(parse_specter_k)
 
@@ -85,6 +86,8 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         if str(options.get("host", "auto")) not in HOST_CHOICES:
             raise UsageError(f"option host={options.get('host')!r} is invalid: use one of "
                              f"{', '.join(HOST_CHOICES)}")
+        if str(options.get("prefill_overlap", "off")) not in OVERLAP_CHOICES:
+            raise UsageError(f"option prefill_overlap={options.get('prefill_overlap')!r} is invalid: use on or off")
         if str(options.get("plan", cls.plan_default)) not in PLAN_CHOICES:
             raise UsageError(f"option plan={options.get('plan')!r} is invalid: use one of "
                              f"{', '.join(PLAN_CHOICES)}")
@@ -94,6 +97,7 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         self.host_option = str(options.get("host", "auto"))
         self.plan = str(options.get("plan", self.plan_default))
         self.plan_on = self.plan != "off"
+        self.prefill_overlap = str(options.get("prefill_overlap", "off")) == "on"
         self.explore: list[int] = []
 
     planner = None
@@ -338,6 +342,11 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
             return DEVICE
         return super().prefill_layer(layer, experts, tokens_per_expert)
 
+    def prefill_ahead(self, layer):
+        """``prefill_overlap=on``: the next layer's copies overlapped with this layer's host experts (where the hybrid
+        rule runs); off by default, as the cost model finds it does not pay at the budgets measured."""
+        return self.host_path and self.prefill_overlap
+
     def place_miss(self, key, n_tokens):
         """Hybrid verification: the host when it is predicted to finish first, its own queue counted."""
         if not self.host_path:
@@ -365,6 +374,9 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         # what a slot holding a calibration resident is worth to a window, beside expert_precision (what a slot
         # holding one of the plan's copies is worth): the lookahead can add hits only where the second is higher
         m["resident_use"] = round(statistics.mean(self.resident_use), 4) if self.resident_use else None
+        stats = self.engine.stats
+        m.update({"prefill_overlap": "on" if self.prefill_overlap else "off", "staged_experts": stats.staged_experts,
+                  "staged_unused": stats.staged_unused})
         m.update({"draft_released": self.draft_released, "plain_forecast_ms_per_token": self.plain_forecast_ms,
                   "speculative_forecast_ms_per_token": self.spec_forecast_ms,
                   "speculative_realised_ms_per_token": self.spec_realised_ms})
