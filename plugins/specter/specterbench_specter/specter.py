@@ -24,16 +24,17 @@ from __future__ import annotations
 import heapq
 import statistics
 
-from specterbench.engine.batch import begin_batch
 from specterbench.engine.quant_spec import QuantSpec
 from specterbench.errors import UsageError
-from specterbench.strategy import DEVICE, FETCH, ON_HOST, Request
+from specterbench.strategy import DEVICE, FETCH, ON_HOST
 
+from .batch_seed import GovernedBatches
 from .decoding import MAX_K, SpeculativeDecoding
 from .eviction import CacheOrder
 from .floor import DraftFloor
-from .governor import K_CHOICES, Governor, Shape, WindowCosts
+from .governor import K_CHOICES, Governor, Shape
 from .planner import LookaheadPlanner, by_layer
+from .window_costs import WindowCosts
 
 HOST_CHOICES = ("auto", "off")
 OVERLAP_CHOICES = ("off", "on")  # prefill_overlap: engine.prefill.stage_next in a prompt's forward
@@ -58,7 +59,7 @@ def parse_specter_k(value):
     return k
 
 
-class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
+class Specter(GovernedBatches, CacheOrder, DraftFloor, SpeculativeDecoding):
     name = "specter"
     prefill_default = "hybrid"  # a prompt's layers placed by the engine's per-layer prefill policy
     # 6: per-layer prefill policy; 5: no plan at a cache of ≤ top-k slots; 4: int4 draft default, noise-aware
@@ -132,7 +133,7 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
             for i in range(2):  # until every listed depth has had its window
                 if not self.explore:
                     break
-                self.seed(engine, calibration, i)
+                self.seed(engine, calibration, i, sum(EXPLORE_K) // 2 + 8)
             self.explore, self.seeding = [], False
             self.governor.batch = self.cell_batch  # the floor decides at the batch the cell decodes
             try:
@@ -142,51 +143,6 @@ class Specter(CacheOrder, DraftFloor, SpeculativeDecoding):
         self.reset_metrics()
         self.predictions = []
         self.host_calls = self.fetch_calls = 0
-
-    cell_batch = 1  # requests the cell's measured batches decode together (``engine.cell_batch``)
-
-    def seed(self, engine, calibration, i: int) -> None:
-        """Seed window ``i``'s calibration decode at the cell's batch: one prompt at batch 1; at B > 1 the B longest
-        calibration prompts (each repeated where there are fewer), cut to the shortest of them, decoded in batched
-        windows, so the governor fits the batch's own windows (:class:`~.governor.BatchFit`)."""
-        tokens = sum(EXPLORE_K) // 2 + 8
-        if self.cell_batch == 1:
-            ids = calibration.prompts[i] if i < len(calibration.prompts) else None
-            if ids is None:
-                return
-            request = Request(f"governor-seed-{i}", ids, tokens, decode=calibration.decode)
-            engine.begin_request(request)
-            self.generate(engine, request)
-            return
-        longest = sorted(calibration.prompts, key=len, reverse=True)
-        prompts = [longest[j % len(longest)] for j in range(self.cell_batch)]
-        n = min(len(p) for p in prompts)
-        requests = [Request(f"governor-seed-{i}-{j}", tuple(p[:n]), tokens, decode=calibration.decode)
-                    for j, p in enumerate(prompts)]
-        begin_batch(engine, requests)
-        self.generate_batch(engine, requests)
-
-    def generate(self, engine, request):
-        self.governor.batch = 1
-        return super().generate(engine, request)
-
-    def generate_batch(self, engine, requests):
-        """Batched windows (:mod:`.batched`), forecast and fitted at their batch size."""
-        self.governor.batch = len(requests)
-        try:
-            return super().generate_batch(engine, requests)
-        finally:
-            self.governor.batch, self.governor.width = 1, 1
-            self.governor.leads = self.governor.remaining = None
-
-    def batch_choose_k(self, seqs, remaining):
-        """The window's least width for the forecast: the requests' most pending tokens (the request furthest
-        behind has one; the others are ahead by what they accepted past it)."""
-        lengths = [len(s) for s in seqs]
-        g = self.governor
-        g.width = max(lengths) - min(lengths) + 1
-        g.leads, g.remaining = [n - min(lengths) for n in lengths], list(remaining)
-        return super().batch_choose_k(seqs, remaining)
 
     def on_warmup_end(self):
         """The warm-up is over: the governor keeps what it learned; window, host and fetch counters restart."""
