@@ -49,15 +49,16 @@ prefill → ``on_miss`` for each expert not cached → ``place_miss`` → ``choo
 after a copy lands.
 
 Batched steps (``--batch B``): B requests of one prompt length decode together, one forward per step
-(:mod:`specterbench.engine.batch`). ``engine.batch`` is B during such a step; ``on_request_start`` is called for each
-request of the batch when it starts; ``on_step_start`` receives the step's B·T tokens; each MoE layer runs once
-over all of them, so ``before_layer`` sees the union of the requests' experts with each expert's token count over
-the whole batch, ``place_miss`` places an expert once for all the tokens routed to it, and ``engine.routing`` holds
-B·T rows, request-major (row ``b·T + t``); ``on_step_end`` receives the step's new tokens of every request, in batch
-order. A strategy that drives decoding itself overrides :meth:`Strategy.generate_batch` (a speculative one verifies
-a window per request in one batched forward) and, where requests receive different numbers of tokens in a step,
-emits them with ``engine.emit(n, per_request=counts)``; one that cannot batch (it follows one request's recorded
-routing: an oracle) declares ``max_batch`` (and ``max_batch_reason``); a cell past it is a row that says so.
+(:mod:`specterbench.engine.batch`). ``engine.batch`` is B during such a step (``engine.cell_batch``: the cell's B, set
+before ``prepare``); ``on_request_start`` is called for each request of the batch when it starts; ``on_step_start``
+receives the step's B·T tokens; each MoE layer runs once over all of them, so ``before_layer`` sees the union of the
+requests' experts with each expert's token count over the whole batch, ``place_miss`` places an expert once for all the
+tokens routed to it, and ``engine.routing`` holds B·T rows, request-major (row ``b·T + t``); ``on_step_end`` receives
+the step's new tokens of every request, in batch order. A strategy that drives decoding itself overrides
+:meth:`Strategy.generate_batch` (a speculative one verifies a window per request in one batched forward) and, where
+requests receive different numbers of tokens in a step, emits them with ``engine.emit(n, per_request=counts)``; one that
+cannot batch (it follows one request's recorded routing: an oracle) declares ``max_batch`` (and ``max_batch_reason``); a
+cell past it is a row that says so.
 
 Default eviction: ``choose_victim`` evicts the least recently used expert of the whole pool (any layer); the
 ``lru`` baseline instead keeps per-layer quotas (mixtral-offloading).
