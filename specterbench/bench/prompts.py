@@ -76,7 +76,8 @@ def prompts_for(engine, natural, texts: list[tuple[str, str]], n: int, shape: Sh
     """The requests' prompts at ``shape`` as ``(id, ids)``, context first: the workload's own (``natural``, encoded)
     at depth 0, ``n`` cut to the asked length otherwise, with ``shape.depth`` tokens of context before each.
     Refused in one line when depth + prompt + ``new_tokens`` is beyond the model's context."""
-    check_shape(engine.name, context_tokens(engine), shape, new_tokens, max(len(ids) for _, ids in natural))
+    check_shape(engine.name, context_tokens(engine), shape, new_tokens, max(len(ids) for _, ids in natural),
+                getattr(engine.model.config, "model_type", None))
     if shape.length is not None:
         return shaped_prompts(engine.tokenizer, texts, n, shape)
     if not shape.depth:
@@ -106,7 +107,8 @@ def shaped_prompts(tokenizer, texts: list[tuple[str, str]], n: int, shape: Shape
     return [(f"p{shape.length}-d{shape.depth}-{i}", tuple(long[i * size:(i + 1) * size])) for i in range(n)]
 
 
-def check_shape(name: str, limit: int | None, shape: Shape, new_tokens: int, natural: int = 0) -> None:
+def check_shape(name: str, limit: int | None, shape: Shape, new_tokens: int, natural: int = 0,
+                family: str | None = None) -> None:
     """Refuse a depth + prompt + new tokens beyond the model's context, naming the most that fits (``natural``:
     the longest of the workload's own prompts, when no length is asked for)."""
     if limit is None:
@@ -121,4 +123,6 @@ def check_shape(name: str, limit: int | None, shape: Shape, new_tokens: int, nat
     fix = "use " + (", or ".join(fixes) or f"--tokens {max(limit - shape.depth - length, 0)} or less")
     asked = f"--prompt-tokens {shape.length}" if shape.length is not None else f"a {natural}-token prompt"
     raise UsageError(f"--depth {shape.depth} with {asked} and --tokens {new_tokens} needs {used} positions, beyond "
-                     f"{name}'s context of {limit}; {fix}")
+                     f"{name}'s context of {limit}; {fix}, or run a checkpoint with a longer context (--model-path; "
+                     f"`specterbench random-checkpoint DIR --family {family or 'mixtral'} --set "
+                     f"max_position_embeddings={used}` writes a random one)")

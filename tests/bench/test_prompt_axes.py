@@ -76,7 +76,9 @@ def test_decode_at_depth_pays_the_kv_read_per_token_and_ttft_leaves_the_context_
 @pytest.mark.parametrize("args, message", [
     (["--depth", "500", "--prompt-tokens", "16"], "needs 519 positions, beyond tiny-random-mixtral's context of 512; "
                                                   "use --depth 493 or less"),
-    (["--prompt-tokens", "600"], "use --prompt-tokens 509 or less"),
+    (["--prompt-tokens", "600"], "use --prompt-tokens 509 or less, or run a checkpoint with a longer context "
+                                 "(--model-path; `specterbench random-checkpoint DIR --family mixtral --set "
+                                 "max_position_embeddings=603`"),
     (["--prompt-tokens", "abc"], "--prompt-tokens 'abc' is not a number of tokens"),
     (["--depth", "-4"], "--depth '-4' is not a number of tokens"),
 ])
