@@ -16,7 +16,7 @@ class ActivationAware(LRU):
     """
 
     name = "activation-aware"
-    version = "2"  # 2: a prompt's layers placed by the engine's per-layer prefill policy (as lru)
+    version = "3"  # 3: a prompt's misses fetched again, as lru (2: the engine's per-layer prefill rule)
     description = "MoE-Infinity: match the request's expert activation matrix to calibration ones; prefetch/evict"
     uses_calibration = True
 

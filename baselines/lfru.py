@@ -7,7 +7,7 @@ class LFRU(LRU):
     goes first. ``decay`` → ∞ is LRU, ``decay`` = 0 is LFU. Per-layer quotas as in :class:`LRU`."""
 
     name = "lfru"
-    version = "2"  # 2: a prompt's layers placed by the engine's per-layer prefill policy (as lru)
+    version = "3"  # 3: a prompt's misses fetched again, as lru (2: the engine's per-layer prefill rule)
     description = "per-layer LRFU: evict the lowest combined recency-frequency score"
 
     @classmethod

@@ -1,6 +1,6 @@
 from specterbench.strategy import Strategy
 
-from .options import flag
+from .options import flag, prefill_option
 
 
 class LRU(Strategy):
@@ -19,21 +19,26 @@ class LRU(Strategy):
     """
 
     name = "lru"
-    version = "2"  # 2: a prompt's layers placed by the engine's per-layer prefill policy
-    prefill_default = "fetch"
+    # 3: a prompt's misses fetched again by default, as mixtral-offloading does (prefill=priced: the engine's rule);
+    # 2: the engine's per-layer prefill rule
+    version = "3"
     description = "per-layer LRU expert cache (mixtral-offloading; swap=true: its released code's swap copies)"
 
     @classmethod
     def option_names(cls):
-        return ("swap",) if cls is LRU else ()
+        return ("swap", "prefill") if cls is LRU else ()
 
     @classmethod
     def validate_options(cls, options: dict) -> None:
         flag(cls.name, "swap", options.get("swap", False))
+        prefill_option(cls.name, options)
 
     def __init__(self, **options):
         super().__init__(**options)
         self.swap = flag(self.name, "swap", options.get("swap", False))
+        # prefill=fetch (default): every miss of a prompt copied, as the system it stands for; priced: each layer
+        # placed by the engine's prefill rule (engine.costs.prefill_policy), host computes included
+        self.prefill_default = "fetch" if prefill_option(self.name, options) == "priced" else None
 
     def attach(self, engine):
         super().attach(engine)

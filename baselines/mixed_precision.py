@@ -12,7 +12,6 @@ class MixedPrecision(LRU):
 
     name = "mixed-precision"
     version = "1"
-    prefill_default = None  # a miss substitutes the resident low-bit copy, cheaper than the host or the link
     description = "LOSSY (HOBBIT): on a miss compute with the resident 4-bit copy; fetch 16-bit for later"
     lossless = False
 

@@ -7,7 +7,7 @@ class NextLayerGate(LRU):
     the next, so the guess is mostly right and its copies overlap compute. Caching and eviction as in :class:`LRU`."""
 
     name = "next-layer-gate"
-    version = "2"  # 2: a prompt's layers placed by the engine's per-layer prefill policy (as lru)
+    version = "3"  # 3: a prompt's misses fetched again, as lru (2: the engine's per-layer prefill rule)
     description = "per-layer LRU + prefetch of next layer's experts guessed by its gate one layer early"
 
     def before_layer(self, layer, experts, tokens_per_expert):

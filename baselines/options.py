@@ -14,3 +14,15 @@ def flag(strategy: str, option: str, value) -> bool:
     if text in TRUE + FALSE:
         return text in TRUE
     raise UsageError(f"{strategy} option {option}={value!r} is invalid: use true or false")
+
+
+PREFILL_CHOICES = ("fetch", "priced")
+
+
+def prefill_option(strategy: str, options: dict) -> str:
+    """A cache strategy's ``prefill``: ``fetch`` (every miss of a prompt copied, the default) or ``priced`` (each
+    MoE layer placed by the engine's prefill rule); anything else is a one-line UsageError."""
+    value = str(options.get("prefill", "fetch")).strip().lower()
+    if value not in PREFILL_CHOICES:
+        raise UsageError(f"{strategy} option prefill={options.get('prefill')!r} is invalid: use fetch or priced")
+    return value

@@ -62,6 +62,16 @@ def test_a_priced_prefill_streams_only_the_layers_the_rule_prices_sooner_copied(
     assert own.extra["streamed_experts"] > 0 and mixtral.extra["streamed_experts"] == 0
 
 
+def test_lru_fetches_its_prompts_misses_as_mixtral_offloading_unless_its_prefill_is_priced(host, small_prompts,
+                                                                                            tmp_path):
+    (fetch,) = run(host, small_prompts, tmp_path / "fetch", "lru", geometry="mixtral")
+    (priced,) = run(host, small_prompts, tmp_path / "priced", "lru", options={"prefill": "priced"}, geometry="mixtral")
+    assert fetch.status == priced.status == "ok" and fetch.lossless and priced.lossless
+    assert fetch.host_experts == 0  # mixtral-offloading has no host path: every miss of the prompt is copied
+    # at Mixtral's sizes the rule computes a short prompt's misses on the host, sooner than copying them
+    assert priced.host_experts > 0 and priced.ttft_ms < fetch.ttft_ms
+
+
 @pytest.mark.parametrize("placement", ["frequency", "uniform", "front-loading"])
 def test_the_hybrid_pins_gpu_experts_by_its_placement_and_runs_the_rest_on_the_host(host, small_prompts, tmp_path,
                                                                                      placement):
@@ -83,6 +93,7 @@ def test_rebalancing_copies_the_new_hot_experts_on_the_link(host, small_prompts,
     ("kt-hybrid", {"placement": "random"}, "kt-hybrid option placement='random' is unknown"),
     ("kt-hybrid", {"rebalance": 0}, "kt-hybrid option rebalance=0 is invalid"),
     ("kt-hybrid", {"gpu_experts": -1}, "kt-hybrid option gpu_experts=-1 is invalid"),
+    ("lru", {"prefill": "host"}, "lru option prefill='host' is invalid: use fetch or priced"),
 ])
 def test_bad_options_are_one_line(host, strategy, options, message):
     with pytest.raises(UsageError, match=message):
