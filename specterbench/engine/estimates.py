@@ -98,9 +98,6 @@ class CostEstimates:
         """One decoder layer's dense part over ``n_tokens`` (of ``requests`` requests of a batched step, each
         attending to its own KV at the present context)."""
         ratio, kernel = self._dense(bytes_ratio, kernel)
-        if requests == 1:
-            return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, ratio,
-                                                                 kernel))
         return self.model.op_seconds(*self.model.dense_layer(n_tokens, self._engine.context_len, moe, ratio, kernel,
                                                              requests=requests))
 

@@ -288,8 +288,8 @@ class Governor:
         if fit.draft_step_s is not None:
             step_s = fit.draft_step_s
         else:  # the prior: one draft forward over B tokens, its experts the union of theirs
-            step_s = costs.draft_step_s() if b == 1 else costs.draft_step_s(b, self.union(b))
-        draft_s = (k if b == 1 or not k else t - 1) * step_s
+            step_s = costs.draft_step_s(b, self.union(b))
+        draft_s = (t - 1 if k else 0) * step_s
         planned = 0.0
         if k and self.plan:
             if self.plan_slots is None:
@@ -299,7 +299,7 @@ class Governor:
             link_per_layer = draft_s / costs.copy_s() / s.moe_layers if costs.copy_s() > 0 else float("inf")
             planned = min(uncached * fit.recall_sum / fit.recall_n, per_layer_room, link_per_layer)
         misses = s.moe_layers * max(0.0, uncached - planned)
-        compute = costs.verify_s(n, u) if b == 1 else costs.verify_s(n, u, requests=b)
+        compute = costs.verify_s(n, u, requests=b)
         tokens = (min(self.expected_tokens(k), costs.remaining) if b == 1
                   else min(self.lockstep_tokens(k, b, self.leads, self.remaining), costs.remaining) * b)
         return WindowForecast(k, (draft_s + compute + misses * self.miss_s()) * self.bias(k), tokens, misses)
@@ -314,20 +314,9 @@ class Governor:
 
         At ``batch`` B > 1: one step of B tokens gives B tokens; each layer needs ``union`` experts (default:
         ``union(B)``), each over its share of the B·top_k routings, ``uncovered`` the share of those missing."""
-        if self.batch > 1:
-            return self._plain_batch_step_s(costs, uncovered, union)
-        k, q = self.shape.top_k, min(1.0, max(0.0, uncovered))
-        host, fetch, device = costs.host_miss_s(), costs.fetch_miss_s(), costs.device_expert_s()
-        expected = 0.0
-        for j in range(k + 1):
-            split = min(max(p * fetch, (j - p) * host, (k - j) * device) for p in range(j + 1))
-            expected += math.comb(k, j) * q ** j * (1 - q) ** (k - j) * split
-        return costs.verify_s(1, 0.0) + self.shape.moe_layers * expected
-
-    def _plain_batch_step_s(self, costs, uncovered: float, union: float | None) -> float:
         b, s = self.batch, self.shape
         m = max(1, min(s.experts, round(self.union(b) if union is None else union)))
-        t = max(1, round(b * s.top_k / m))  # tokens per needed expert
+        t = max(1, round(b * s.top_k / m))  # tokens per needed expert (batch 1: top-k experts, one token each)
         q = min(1.0, max(0.0, uncovered))
         host, fetch, device = costs.host_miss_s(t), costs.fetch_miss_s(t), costs.device_expert_s(t)
         expected = 0.0

@@ -19,19 +19,13 @@ class WindowCosts:
         return self.costs.copy_s()
 
     def draft_step_s(self, requests: int = 1, union: float | None = None) -> float:
-        """One draft forward; ``requests`` > 1: a batched one over one token of each, its low-bit experts the
-        ``union`` of theirs per layer, each over its share of the routings."""
+        """One draft forward over one token of each of ``requests``, its low-bit experts the ``union`` of theirs
+        per layer (default: top-k, one request's), each over its share of the routings, as charged."""
         c, e = self.costs, self.engine
-        d = self.dense_ratio
-        dk = self.dense_kernel
-        if requests == 1:
-            layer = c.layer_s(1, bytes_ratio=d, kernel=dk) + self.draft.fused_s([1] * e.top_k)  # as charged
-            return (self.dense_layers * c.layer_s(1, moe=False, bytes_ratio=d, kernel=dk) + e.num_layers * layer
-                    + c.head_s(1, d, dk))
-        b, m = requests, max(1, round(union or e.top_k))
+        d, dk, b = self.dense_ratio, self.dense_kernel, requests
+        m = max(1, round(union or e.top_k))
         per_expert = max(1, round(b * e.top_k / m))
-        layer = (c.layer_s(b, bytes_ratio=d, kernel=dk, requests=b)
-                 + self.draft.fused_s([per_expert] * m))
+        layer = c.layer_s(b, bytes_ratio=d, kernel=dk, requests=b) + self.draft.fused_s([per_expert] * m)
         return (self.dense_layers * c.layer_s(b, moe=False, bytes_ratio=d, kernel=dk, requests=b)
                 + e.num_layers * layer + c.head_s(b, d, dk))
 
@@ -40,9 +34,6 @@ class WindowCosts:
         with ``union`` experts per MoE layer in one grouped op."""
         c, e = self.costs, self.engine
         per_expert = max(1, round(n_tokens * e.top_k / max(union, 1.0)))
-        if requests == 1:
-            layer = c.layer_s(n_tokens) + c.experts_grouped_s([per_expert] * max(1, round(union)))  # one grouped op
-            return self.dense_layers * c.layer_s(n_tokens, moe=False) + e.num_layers * layer + c.head_s(n_tokens)
         layer = c.layer_s(n_tokens, requests=requests) + c.experts_grouped_s([per_expert] * max(1, round(union)))
         return (self.dense_layers * c.layer_s(n_tokens, moe=False, requests=requests) + e.num_layers * layer
                 + c.head_s(n_tokens))

@@ -12,10 +12,10 @@ class FlatCosts:
     def copy_s(self):
         return self.copy
 
-    def draft_step_s(self):
+    def draft_step_s(self, requests=1, union=None):
         return self.draft
 
-    def verify_s(self, n_tokens, union):
+    def verify_s(self, n_tokens, union, requests=1):
         return 1e-3 + n_tokens * self.token + union * 1e-5
 
     def prior_miss_s(self):
@@ -76,13 +76,13 @@ class PlainCosts(FlatCosts):
         super().__init__(**kw)
         self.host, self.fetch, self.device = host_s, fetch_s, device_s
 
-    def host_miss_s(self):
+    def host_miss_s(self, n_tokens=1):
         return self.host
 
-    def fetch_miss_s(self):
+    def fetch_miss_s(self, n_tokens=1):
         return self.fetch
 
-    def device_expert_s(self):
+    def device_expert_s(self, n_tokens=1):
         return self.device
 
 
